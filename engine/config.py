@@ -1,0 +1,244 @@
+"""The one configuration object that flows from the CLI or `LLM(...)` into every process.
+
+`EngineConfig` is a msgspec Struct so the frontend can hand it to the scheduler and executor processes as
+JSON on their command line (no pickle). `EngineConfig.finalize()` reads the model's config.json once, in the
+caller, and writes the derived values back (resolved dtype, max_model_len, token budget), so that a bad
+model path or an unsupported architecture fails in the caller before any process starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import msgspec
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "dummy", "fake")
+DEVICES = ("auto", "cpu", "cuda")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+GiB = 1 << 30
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the option."""
+
+
+def parse_size(text: str | int) -> int:
+    """'32k' -> 32768, '1m' -> 1048576, '4096' -> 4096 (as vLLM's --max-model-len accepts)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*", str(text))
+    if not match:
+        raise ConfigError(f"cannot read {text!r} as a size (examples: 4096, 32k, 1m)")
+    number, unit = match.groups()
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit.lower()]
+    return int(float(number) * scale)
+
+
+class EngineConfig(msgspec.Struct, kw_only=True):
+    # --- model
+    model: str = ""                          # HF model directory; "" means the built-in demo model
+    tokenizer: str | None = None             # defaults to the model directory
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    load_format: str = "auto"                # auto | safetensors | dummy | fake (zero-cost fake model)
+    seed: int = 0
+    # --- device and parallelism
+    device: str = "auto"
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    attention_backend: str | None = None     # torch | triton; default: triton on CUDA, torch on CPU
+    cpu_threads: int | None = None           # torch threads per CPU executor; default: cores / ranks
+    # --- KV cache
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None       # bytes; on the CPU the default is 4 GiB
+    num_gpu_blocks_override: int | None = None
+    # --- scheduler
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    scheduling_policy: str = "fcfs"
+    max_logprobs: int = 20
+    # --- processes and rings
+    in_process: bool = False                 # scheduler and one executor in the caller (debugging, unit tests)
+    ring_bytes: int = 16 << 20               # capacity of each SPSC ring and of the broadcast ring
+    spin_us: int | None = None               # spin window before sleeping; None: adapt to the device
+    startup_timeout_s: float = 600.0
+    # --- derived by finalize(); never set by hand
+    architecture: str = ""
+    resolved_dtype: str = ""
+    resolved_device: str = ""
+    vocab_size: int = 0
+    finalized: bool = False
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or (self.model or "ringserve-demo")
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.model
+
+    def hf_config(self) -> dict:
+        return read_model_config(self.model)
+
+    def generation_config(self) -> dict:
+        path = os.path.join(self.model, "generation_config.json")
+        if not os.path.isfile(path):
+            return {}
+        with open(path) as f:
+            return json.load(f)
+
+    # ------------------------------------------------------------------ validation
+    def finalize(self) -> EngineConfig:
+        """Validate every option, read config.json, and write the derived values back. Idempotent."""
+        if self.finalized:
+            return self
+        if not self.model:
+            from tools.demo_model import ensure_demo_model
+
+            self.model = ensure_demo_model()
+            if self.served_model_name is None:
+                self.served_model_name = "ringserve-demo"
+        self.model = os.path.abspath(os.path.expanduser(self.model))
+        if self.tokenizer:
+            self.tokenizer = os.path.abspath(os.path.expanduser(self.tokenizer))
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("load_format", self.load_format, LOAD_FORMATS)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.attention_backend is not None:
+            _check_choice("attention_backend", self.attention_backend, ("torch", "triton"))
+        _check_positive("tensor_parallel_size", self.tensor_parallel_size)
+        _check_positive("max_num_seqs", self.max_num_seqs)
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ConfigError(f"block_size must be a power of two from 1 to 128, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.kv_cache_memory is not None:
+            _check_positive("kv_cache_memory", self.kv_cache_memory)
+
+        hf = self.hf_config()
+        archs = hf.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ConfigError(
+                f"unsupported architecture {archs or hf.get('model_type')!r} in {self.model}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        self.architecture = arch
+        self.vocab_size = int(hf["vocab_size"])
+
+        heads = int(hf["num_attention_heads"])
+        kv_heads = int(hf.get("num_key_value_heads") or heads)
+        tp = self.tensor_parallel_size
+        if heads % tp:
+            raise ConfigError(f"tensor_parallel_size {tp} does not divide num_attention_heads {heads}")
+        if kv_heads % tp and tp % kv_heads:
+            raise ConfigError(
+                f"tensor_parallel_size {tp} and num_key_value_heads {kv_heads}: one must divide the other"
+            )
+
+        self.resolved_device = self._resolve_device()
+        self.resolved_dtype = self._resolve_dtype(hf)
+
+        limit = _model_max_len(hf)
+        if self.max_model_len is None:
+            self.max_model_len = limit
+        elif self.max_model_len > limit:
+            raise ConfigError(
+                f"max_model_len {self.max_model_len} exceeds the model's limit of {limit} tokens "
+                f"(max_position_embeddings in {self.model}/config.json)"
+            )
+        _check_positive("max_model_len", self.max_model_len)
+
+        if self.max_num_batched_tokens is None:
+            default = 8192 if self.resolved_device == "cuda" else 2048
+            self.max_num_batched_tokens = max(default, self.max_num_seqs)
+        _check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+        if self.resolved_device == "cpu" and self.kv_cache_memory is None:
+            self.kv_cache_memory = 4 * GiB
+        if self.in_process and tp != 1:
+            raise ConfigError("in_process mode runs one executor; tensor_parallel_size must be 1")
+        self.finalized = True
+        return self
+
+    def _resolve_device(self) -> str:
+        if self.device != "auto":
+            if self.device == "cuda":
+                import torch
+
+                if not torch.cuda.is_available():
+                    raise ConfigError("device 'cuda' was asked for, but torch sees no CUDA GPU")
+            return self.device
+        if self.load_format == "fake":
+            return "cpu"
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def _resolve_dtype(self, hf: dict) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        declared = hf.get("torch_dtype") or hf.get("dtype") or "float32"
+        if declared not in ("float32", "bfloat16", "float16"):
+            declared = "float32"
+        if self.resolved_device == "cpu" and declared == "float16":
+            return "float32"     # fp16 matmuls on the CPU are slow and lossy
+        return declared
+
+    # ------------------------------------------------------------------ transport
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> EngineConfig:
+        return msgspec.json.decode(data, type=cls)
+
+
+def read_model_config(model: str) -> dict:
+    if not model:
+        raise ConfigError("no model given")
+    if not os.path.isdir(model):
+        raise ConfigError(f"model directory {model!r} does not exist")
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{model!r} has no config.json (is it a Hugging Face model directory?)")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+
+
+def _model_max_len(hf: dict) -> int:
+    return int(hf.get("max_position_embeddings") or 2048)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")

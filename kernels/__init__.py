@@ -1,0 +1,67 @@
+"""Kernels: each operation has a torch reference (the CPU path) and, on CUDA, a Triton kernel.
+
+The functions here dispatch on the tensor's device: a CUDA tensor goes to the Triton kernel when one is
+available (set RINGSERVE_KERNELS=torch to force the references), anything else to the reference. The
+signatures of each pair are identical; tests compare them over grids of shapes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kernels.activation import silu_and_mul_torch
+from kernels.kv_cache import write_kv_cache_torch
+from kernels.paged_attention import paged_attention_torch, paged_decode_attention_torch
+from kernels.rms_norm import rms_norm_torch
+from kernels.rotary import rope_cos_sin_cache, rotary_embedding_torch
+
+__all__ = [
+    "paged_attention_torch",
+    "paged_decode_attention_torch",
+    "rms_norm",
+    "rms_norm_torch",
+    "rope_cos_sin_cache",
+    "rotary_embedding",
+    "rotary_embedding_torch",
+    "silu_and_mul",
+    "silu_and_mul_torch",
+    "use_triton",
+    "write_kv_cache",
+    "write_kv_cache_torch",
+]
+
+
+def use_triton(tensor) -> bool:
+    """Whether operations on `tensor` go to the Triton kernels."""
+    return tensor.is_cuda and os.environ.get("RINGSERVE_KERNELS", "auto") != "torch" and _triton_ok()
+
+
+_TRITON_OK: bool | None = None
+
+
+def _triton_ok() -> bool:
+    global _TRITON_OK
+    if _TRITON_OK is None:
+        try:
+            import triton  # noqa: F401
+
+            _TRITON_OK = True
+        except ImportError:
+            _TRITON_OK = False
+    return _TRITON_OK
+
+
+def rms_norm(x, weight, eps: float, residual=None):
+    return rms_norm_torch(x, weight, eps, residual)
+
+
+def silu_and_mul(x):
+    return silu_and_mul_torch(x)
+
+
+def rotary_embedding(positions, query, key, cos_sin_cache):
+    return rotary_embedding_torch(positions, query, key, cos_sin_cache)
+
+
+def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    write_kv_cache_torch(key, value, key_cache, value_cache, slot_mapping)
