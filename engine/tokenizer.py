@@ -1,0 +1,33 @@
+"""Loading the tokenizer and the model's generation defaults, shared by the frontend and `LLM`."""
+
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from engine.sampling_params import generation_defaults
+
+
+def load_tokenizer(config: EngineConfig):
+    """The fast Hugging Face tokenizer of config.tokenizer_path (no download: local files only)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(config.tokenizer_path, use_fast=True, local_files_only=True)
+    except Exception as e:  # transformers raises many types here; the user needs the path and the reason
+        raise ValueError(f"cannot load a tokenizer from {config.tokenizer_path!r}: {e}") from None
+
+
+def eos_token_ids(config: EngineConfig, tokenizer=None) -> list[int]:
+    """EOS ids: generation_config.json's eos_token_id (int or list), else the tokenizer's."""
+    ids = config.generation_config().get("eos_token_id")
+    if ids is None:
+        ids = config.hf_config().get("eos_token_id")
+    if ids is None and tokenizer is not None:
+        ids = tokenizer.eos_token_id
+    if ids is None:
+        return []
+    return sorted({int(i) for i in (ids if isinstance(ids, list) else [ids])})
+
+
+def model_generation_defaults(config: EngineConfig) -> dict:
+    """Sampling defaults from generation_config.json (temperature, top_p, top_k, ...)."""
+    return generation_defaults(config.generation_config())

@@ -1,0 +1,55 @@
+"""The `ringserve` command line (click).
+
+Subcommands are imported only when invoked, so `ringserve --help` stays fast and a command's heavy
+imports (torch, transformers) are paid only by the command that needs them. Each entry maps a name to
+"module:attribute" of a click command.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+COMMANDS: dict[str, str] = {}
+
+BENCH_COMMANDS: dict[str, str] = {}
+
+
+class LazyGroup(click.Group):
+    def __init__(self, *args, lazy: dict[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lazy = lazy
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self._lazy))
+
+    def get_command(self, ctx, name):
+        if name in self._lazy:
+            module, attr = self._lazy[name].split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ringserve")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(_version(), prog_name="ringserve")
+def main() -> None:
+    """ringserve: an LLM inference and serving engine on shared-memory rings."""
+
+
+@main.group(cls=LazyGroup, lazy=BENCH_COMMANDS)
+def bench() -> None:
+    """Benchmarks: each prints its figures, and side-by-side ratios where a peer exists."""
+
+
+if __name__ == "__main__":
+    main()
