@@ -1,0 +1,58 @@
+"""What the engine hands back to its callers (the server's handlers and the offline `LLM`).
+
+`RequestDelta` is one engine step's news for one request, as the async `EngineClient.generate` yields it.
+`RequestOutput` / `CompletionOutput` are the offline API's results, with vLLM's names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot serve any more: a process died or failed. The message says which and how."""
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Logprobs at one position: column 0 is the chosen (sampled or prompt) token, then the top-k."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int                                   # rank of the chosen token, 1 = most likely
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None            # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None        # the stop token id (or stop string) that ended it
+    logprobs: list[TokenLogprobs] | None = None # one per new token, when the request asked for logprobs
+    prompt_logprobs: list[TokenLogprobs | None] | None = None   # prompt positions covered by this step
+    num_cached_tokens: int | None = None        # prefix-cache hits, in the delta after first scheduling
+    scheduled_time: float | None = None         # time.monotonic() of first scheduling
+    timestamp: float = 0.0                      # time.monotonic() of the engine step
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    num_cached_tokens: int = 0
+    finished: bool = False
