@@ -1,0 +1,514 @@
+"""EngineClient: the frontend's handle on the engine (DESIGN §2).
+
+It starts the scheduler process (which starts the executors), owns the request ring (to the scheduler)
+and the output ring (from it), and turns each step's EngineOutputs into per-request RequestDeltas.
+
+Two faces over one state:
+- asyncio (the server): `generate()` is an async iterator of deltas; a reader thread waits on the output
+  ring (sleeping on its semaphore, so it never competes with the event loop for the GIL) and hands each
+  batch of messages to the loop with one call_soon_threadsafe.
+- blocking (`LLM`): `add_request()` and `poll()`, which reads the output ring in the caller's thread.
+
+Users name requests with strings; on the rings they are int64 handles. With `in_process=True` the
+scheduler and one executor run inside the caller (no processes, no rings; blocking face only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.config import EngineConfig
+from engine.engine_core import ring_spec_json
+from engine.outputs import EngineDeadError, RequestDelta, TokenLogprobs
+from engine.process import describe_exit, spawn, stop
+from engine.protocol import (
+    FINISH_REASONS,
+    FLOAT,
+    HANDLE,
+    TOKEN,
+    AbortRequests,
+    AddRequest,
+    Codec,
+    ControlCall,
+    ControlReply,
+    EngineDead,
+    EngineOut,
+    EngineOutputs,
+    EngineReady,
+    Logprobs,
+    RequestIn,
+    SchedulerStats,
+    pack,
+    unpack,
+)
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import eos_token_ids, model_generation_defaults
+from shm.ring import RingTimeout, SpscRing
+from shm.segment import sweep_stale
+from shm.wait import PeerDiedError
+
+READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this often
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    queue: asyncio.Queue | None      # async face; None for the blocking face
+    num_prompt_tokens: int
+    prompt_logprobs_started: bool = False
+
+
+class EngineClient:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config.finalize()
+        self.eos_token_ids = eos_token_ids(self.config)
+        self.generation_defaults = model_generation_defaults(self.config)
+        self.num_blocks = 0
+        self.block_size = self.config.block_size
+        self.max_model_len = self.config.max_model_len
+        self.pids: dict[str, int] = {}
+        self._stats = SchedulerStats()
+        self._handles = itertools.count(1)
+        self._by_handle: dict[int, _Request] = {}
+        self._by_id: dict[str, int] = {}
+        self._dead: EngineDeadError | None = None
+        self._codec_in = Codec(EngineOut)
+        self._codec_out = Codec(RequestIn)
+        self._write_lock = threading.Lock()
+        self._call_ids = itertools.count(1)
+        self._calls: dict[int, object] = {}
+        self._pending_sync: list[RequestDelta] = []
+        self._proc = None
+        self._local = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: threading.Thread | None = None
+        self._closed = False
+        self._started = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> EngineClient:
+        if self._started:
+            return self
+        self._started = True
+        if self.config.in_process:
+            from engine.engine_core import EngineCore, LocalExecutor
+
+            self._local = EngineCore(self.config, LocalExecutor(self.config))
+            self.num_blocks = self._local.executor.num_blocks
+            self.pids = dict(self._local.executor.pids)
+        else:
+            self._start_processes()
+        atexit.register(self.shutdown_sync)
+        return self
+
+    def _start_processes(self) -> None:
+        sweep_stale()
+        config = self.config
+        self._requests = SpscRing.create(config.ring_bytes, spin_us=0)
+        self._outputs = SpscRing.create(config.ring_bytes, spin_us=0)
+        try:
+            self._proc = spawn("engine.engine_core", {
+                "config": config.to_json().decode(),
+                "request_ring": ring_spec_json(self._requests.spec),
+                "output_ring": ring_spec_json(self._outputs.spec),
+            })
+            self._requests.set_peer_check(self._check_scheduler)
+            self._outputs.set_peer_check(self._check_scheduler)
+            msg = self._read_message(timeout=config.startup_timeout_s)
+        except PeerDiedError as e:
+            self._abandon()
+            raise EngineDeadError(f"the engine failed to start: {e}") from None
+        except RingTimeout:
+            self._abandon()
+            raise EngineDeadError(
+                f"the engine did not start within {config.startup_timeout_s:.0f} s") from None
+        if isinstance(msg, EngineDead):
+            self._abandon()
+            raise EngineDeadError(f"the engine failed to start: {msg.message}")
+        assert isinstance(msg, EngineReady), msg
+        self._requests.unlink()
+        self._outputs.unlink()
+        self.num_blocks = msg.num_blocks
+        self.pids = dict(msg.pids)
+
+    def _abandon(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        for ring in (self._requests, self._outputs):
+            ring.unlink()
+            ring.close()
+        self._closed = True
+
+    def _check_scheduler(self) -> None:
+        how = describe_exit(self._proc, "the scheduler")
+        if how is not None:
+            raise PeerDiedError(how)
+
+    def __enter__(self) -> EngineClient:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown_sync()
+
+    async def shutdown(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.shutdown_sync)
+
+    def shutdown_sync(self, timeout: float = 10.0) -> None:
+        if self._closed or not self._started:
+            self._closed = True
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown_sync)
+        if self._local is not None:
+            self._local.executor.shutdown()
+            return
+        if self._proc.poll() is None and self._dead is None:
+            try:
+                self._write(ControlCall(call_id=next(self._call_ids), method="shutdown"), timeout=2.0)
+            except Exception:  # noqa: BLE001  the process is killed below if it does not leave
+                pass
+        stop([self._proc], timeout=timeout)
+        if self._reader is not None:
+            self._reader.join(timeout=2 * READER_SLICE_S + 1)
+        self._requests.close()
+        self._outputs.close()
+        self._fail_all(self._dead or EngineDeadError("the engine was shut down"))
+
+    # ------------------------------------------------------------------ state
+    @property
+    def is_dead(self) -> bool:
+        if self._dead is None and self._proc is not None and not self._closed:
+            how = describe_exit(self._proc, "the scheduler")
+            if how is not None:
+                self._set_dead(EngineDeadError(how))
+        return self._dead is not None
+
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        self.is_dead  # noqa: B018  refreshes from the process state
+        return self._dead
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self._stats
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._by_handle)
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._closed:
+            raise EngineDeadError("the engine was shut down")
+        if not self._started:
+            raise RuntimeError("EngineClient.start() was not called")
+
+    # ------------------------------------------------------------------ requests
+    def _make_add(self, request_id: str, prompt_token_ids, params: SamplingParams, priority: int,
+                  cache_salt: str | None, arrival_time: float | None) -> AddRequest:
+        if request_id in self._by_id:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if params.n != 1:
+            raise ValueError("the engine takes n == 1 requests; fan out with SamplingParams.child(i)")
+        prompt = np.asarray(prompt_token_ids, dtype=np.int64)
+        if prompt.ndim != 1 or not len(prompt):
+            raise ValueError("the prompt must be a non-empty list of token ids")
+        vocab = self.config.vocab_size
+        if prompt.min() < 0 or prompt.max() >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}); found {int(prompt.max())}"
+                             if prompt.max() >= vocab else "prompt token ids must not be negative")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; this model's max_model_len is {self.max_model_len}, "
+                f"which leaves no room for output")
+        blocks_needed = -(-(len(prompt) + 1) // self.block_size)
+        if blocks_needed > self.num_blocks - 1:
+            raise ValueError(
+                f"the prompt needs {blocks_needed} KV blocks but the cache holds {self.num_blocks - 1}")
+        if not params.is_resolved:
+            params = params.resolved(self.generation_defaults)
+        params.validate_against(vocab_size=vocab, max_logprobs=self.config.max_logprobs)
+        return AddRequest(
+            req=next(self._handles), prompt_token_ids=pack(prompt), params=params,
+            eos_token_ids=self.eos_token_ids,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            priority=priority, cache_salt=cache_salt,
+        )
+
+    def _register(self, msg: AddRequest, request_id: str, queue) -> None:
+        self._by_handle[msg.req] = _Request(request_id, queue, len(msg.prompt_token_ids) // 4)
+        self._by_id[request_id] = msg.req
+        try:
+            self._send(msg)
+        except BaseException:
+            self._forget(msg.req)
+            raise
+
+    def _forget(self, handle: int) -> None:
+        state = self._by_handle.pop(handle, None)
+        if state is not None:
+            self._by_id.pop(state.request_id, None)
+
+    def _send(self, msg) -> None:
+        if self._local is not None:
+            reply = self._local.handle(msg)
+            if reply is not None:
+                self._on_message(reply)
+            return
+        self._write(msg)
+
+    def _write(self, msg, timeout: float | None = 30.0) -> None:
+        data = self._codec_out.encode(msg)
+        with self._write_lock:
+            try:
+                self._requests.write(data, timeout=timeout)
+            except PeerDiedError as e:
+                self._set_dead(EngineDeadError(str(e)))
+                raise self._dead from None
+
+    # ------------------------------------------------------------------ the asyncio face
+    async def generate(self, request_id: str, prompt_token_ids, params: SamplingParams, *,
+                       priority: int = 0, cache_salt: str | None = None,
+                       arrival_time: float | None = None) -> AsyncIterator[RequestDelta]:
+        self._check_alive()
+        if self._local is not None:
+            raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
+        self._ensure_reader()
+        msg = self._make_add(request_id, prompt_token_ids, params, priority, cache_salt, arrival_time)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._register(msg, request_id, queue)
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, EngineDeadError):
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._abort_handle(msg.req)
+
+    async def abort(self, request_id: str) -> None:
+        handle = self._by_id.get(request_id)
+        if handle is not None:
+            self._abort_handle(handle)
+
+    def _abort_handle(self, handle: int) -> None:
+        state = self._by_handle.get(handle)
+        self._forget(handle)
+        if state is None or self._dead is not None or self._closed:
+            return
+        try:
+            self._send(AbortRequests(reqs=pack([handle], HANDLE)))
+        except EngineDeadError:
+            pass
+
+    async def call(self, method: str, **args) -> str:
+        self._check_alive()
+        self._ensure_reader()
+        call_id = next(self._call_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        self._write(ControlCall(call_id=call_id, method=method, args=args))
+        reply: ControlReply = await future
+        if not reply.ok:
+            raise ValueError(reply.result)
+        return reply.result
+
+    def _ensure_reader(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._reader is not None:
+            if loop is not self._loop:
+                raise RuntimeError("an EngineClient serves one event loop")
+            return
+        self._loop = loop
+        self._reader = threading.Thread(target=self._read_forever, name="ringserve-output-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    def _read_forever(self) -> None:
+        loop = self._loop
+        while not self._closed:
+            try:
+                first = self._read_message(timeout=READER_SLICE_S)
+            except RingTimeout:
+                continue
+            except PeerDiedError as e:
+                if not self._closed:
+                    loop.call_soon_threadsafe(self._set_dead, EngineDeadError(str(e)))
+                return
+            batch = [first]
+            while (data := self._outputs.try_read()) is not None:
+                batch.append(self._codec_in.decode(data))
+            loop.call_soon_threadsafe(self._on_messages, batch)
+            if isinstance(batch[-1], EngineDead):
+                return
+
+    def _on_messages(self, batch: list) -> None:
+        for msg in batch:
+            self._on_message(msg)
+
+    # ------------------------------------------------------------------ the blocking face
+    def add_request(self, request_id: str, prompt_token_ids, params: SamplingParams, *,
+                    priority: int = 0, cache_salt: str | None = None) -> None:
+        self._check_alive()
+        msg = self._make_add(request_id, prompt_token_ids, params, priority, cache_salt, None)
+        self._register(msg, request_id, None)
+
+    def abort_request(self, request_id: str) -> None:
+        handle = self._by_id.get(request_id)
+        if handle is not None:
+            self._abort_handle(handle)
+
+    def poll(self, timeout: float | None = None) -> list[RequestDelta]:
+        """The deltas of the next engine step(s) for requests added through add_request()."""
+        self._check_alive()
+        if self._local is not None:
+            outputs = self._local.take_rejected() or (self._local.step() if self._local.has_work else None)
+            if outputs is not None:
+                self._on_message(outputs)
+        else:
+            try:
+                self._on_message(self._read_message(timeout=timeout))
+                while (data := self._outputs.try_read()) is not None:
+                    self._on_message(self._codec_in.decode(data))
+            except RingTimeout:
+                pass
+            except PeerDiedError as e:
+                self._set_dead(EngineDeadError(str(e)))
+        if self._dead is not None:
+            raise self._dead
+        deltas, self._pending_sync = self._pending_sync, []
+        return deltas
+
+    def call_sync(self, method: str, **args) -> str:
+        self._check_alive()
+        call_id = next(self._call_ids)
+        self._calls[call_id] = None
+        self._send(ControlCall(call_id=call_id, method=method, args=args))
+        while isinstance(self._calls.get(call_id), type(None)):
+            self.poll(timeout=1.0)
+        reply = self._calls.pop(call_id)
+        if not reply.ok:
+            raise ValueError(reply.result)
+        return reply.result
+
+    # ------------------------------------------------------------------ messages from the engine
+    def _read_message(self, timeout: float | None):
+        with self._outputs.read_view(timeout=timeout, spin_us=0) as view:
+            return self._codec_in.decode(view)
+
+    def _on_message(self, msg) -> None:
+        if isinstance(msg, EngineOutputs):
+            self._stats = msg.stats
+            for state, delta in self._deltas(msg):
+                if state.queue is not None:
+                    state.queue.put_nowait(delta)
+                else:
+                    self._pending_sync.append(delta)
+        elif isinstance(msg, ControlReply):
+            waiter = self._calls.pop(msg.call_id, None)
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_result(msg)
+            else:
+                self._calls[msg.call_id] = msg
+        elif isinstance(msg, EngineDead):
+            self._set_dead(EngineDeadError(msg.message))
+
+    def _deltas(self, out: EngineOutputs) -> list[tuple[_Request, RequestDelta]]:
+        by_handle = self._by_handle
+        deltas: dict[int, RequestDelta] = {}
+        states: dict[int, _Request] = {}
+        timestamp = out.timestamp
+
+        def delta_for(handle: int) -> RequestDelta | None:
+            delta = deltas.get(handle)
+            if delta is None:
+                state = by_handle.get(handle)
+                if state is None:                      # aborted by us: the engine's news is stale
+                    return None
+                delta = deltas[handle] = RequestDelta(state.request_id, [], timestamp=timestamp)
+                states[handle] = state
+            return delta
+
+        for handle, token in zip(unpack(out.reqs, HANDLE).tolist(), unpack(out.new_token_ids, TOKEN).tolist()):
+            delta = delta_for(handle)
+            if delta is not None:
+                delta.new_token_ids.append(token)
+        for handle, cached, when in out.first_scheduled:
+            delta = delta_for(handle)
+            if delta is not None:
+                delta.num_cached_tokens = cached
+                delta.scheduled_time = when
+        for entry in out.logprobs:
+            delta = delta_for(entry.req)
+            if delta is not None:
+                delta.logprobs = _token_logprobs(entry.logprobs)
+        for entry in out.prompt_logprobs:
+            delta = delta_for(entry.req)
+            if delta is not None:
+                rows = _token_logprobs(entry.logprobs)
+                state = states[entry.req]
+                if not state.prompt_logprobs_started:
+                    state.prompt_logprobs_started = True
+                    rows = [None, *rows]
+                delta.prompt_logprobs = rows
+        finished = unpack(out.finished_reqs, HANDLE).tolist()
+        for handle, reason, stop_reason in zip(finished, out.finish_reasons, out.stop_reasons):
+            delta = delta_for(handle)
+            if delta is not None:
+                delta.finished = True
+                delta.finish_reason = FINISH_REASONS[reason]
+                delta.stop_reason = stop_reason
+                self._forget(handle)
+        return [(states[h], d) for h, d in deltas.items()]
+
+    def _set_dead(self, error: EngineDeadError) -> None:
+        if self._dead is None:
+            self._dead = error
+        self._fail_all(self._dead)
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and _running_loop() is not loop:
+            loop.call_soon_threadsafe(self._fail_all, error)     # asyncio objects belong to their loop
+            return
+        for state in list(self._by_handle.values()):
+            if state.queue is not None:
+                state.queue.put_nowait(error)
+        self._by_handle.clear()
+        self._by_id.clear()
+        for call_id, waiter in list(self._calls.items()):
+            if isinstance(waiter, asyncio.Future) and not waiter.done():
+                waiter.set_exception(error)
+        self._calls.clear()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _token_logprobs(lp: Logprobs) -> list[TokenLogprobs]:
+    columns = lp.num_columns
+    ids = unpack(lp.token_ids, TOKEN).reshape(-1, columns).tolist()
+    values = unpack(lp.logprobs, FLOAT).reshape(-1, columns).tolist()
+    ranks = unpack(lp.ranks, TOKEN).tolist()
+    return [TokenLogprobs(i, v, r) for i, v, r in zip(ids, values, ranks)]

@@ -1,0 +1,123 @@
+"""The executor process: one per rank. Reads SchedulerOutputs from the broadcast ring, runs the model
+runner, and (rank 0 only) writes the results to its result ring.
+
+Startup: attach the rings, load the weights, report how many KV blocks fit (ExecutorReady), then wait for
+the scheduler's "initialize" call with the minimum over all ranks. Any exception is reported on the rank's
+result ring as ExecutorFailed with the original error text, then the process exits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from engine.config import EngineConfig
+from engine.process import child_args, error_text, parent_check
+from engine.protocol import (
+    Codec,
+    ExecutorCall,
+    ExecutorFailed,
+    ExecutorIn,
+    ExecutorOut,
+    ExecutorReady,
+    ExecutorReply,
+    SchedulerOutput,
+)
+from shm.broadcast import BroadcastRing
+from shm.ring import RingSpec, SpscRing
+from shm.wait import PeerDiedError
+
+CPU_SPIN_US = 100
+CUDA_SPIN_US = 2000
+
+
+def spin_window(config: EngineConfig) -> int:
+    if config.spin_us is not None:
+        return config.spin_us
+    return CUDA_SPIN_US if config.resolved_device == "cuda" else CPU_SPIN_US
+
+
+def main() -> int:
+    args = child_args()
+    config = EngineConfig.from_json(args["config"])
+    rank, tp = args["rank"], config.tensor_parallel_size
+    spin = spin_window(config)
+    broadcast = BroadcastRing.attach(RingSpec.from_json(args["broadcast"]), rank, spin_us=spin)
+    result = SpscRing.attach(RingSpec.from_json(args["result"]), spin_us=spin)
+    broadcast.unlink()
+    result.unlink()
+    check = parent_check(args["parent_pid"], "the scheduler")
+    broadcast.set_peer_check(check)
+    result.set_peer_check(check)
+    out_codec = Codec(ExecutorOut)
+    try:
+        runner = _start(config, rank, tp, args)
+        result.write(out_codec.encode(ExecutorReady(rank=rank, num_blocks=runner.available_blocks(),
+                                                    pid=os.getpid())))
+        _serve(runner, rank, broadcast, result, out_codec)
+        return 0
+    except PeerDiedError:
+        return 1                                   # the scheduler is gone; nobody to tell
+    except BaseException as e:  # noqa: BLE001  every failure must reach the scheduler with its text
+        try:
+            result.write(out_codec.encode(ExecutorFailed(rank=rank, message=error_text(e))), timeout=2.0)
+        except Exception:  # noqa: BLE001  the ring itself may be what failed
+            print(error_text(e), file=sys.stderr)
+        return 1
+    finally:
+        broadcast.close()
+        result.close()
+
+
+def _start(config: EngineConfig, rank: int, tp: int, args: dict):
+    import torch
+
+    from engine.model_runner import make_model_runner
+
+    if config.resolved_device == "cpu":
+        torch.set_num_threads(config.cpu_threads or max(1, (os.cpu_count() or 1) // tp))
+    if tp > 1:
+        from engine.distributed import init_tensor_parallel
+
+        backend = "nccl" if config.resolved_device == "cuda" else "gloo"
+        init_tensor_parallel(rank, tp, args["dist_init_method"], backend)
+    torch.manual_seed(config.seed)
+    runner = make_model_runner(config, rank, tp)
+    runner.load()
+    return runner
+
+
+def _serve(runner, rank: int, broadcast: BroadcastRing, result: SpscRing, out_codec: Codec) -> None:
+    in_codec = Codec(ExecutorIn)
+    reply_to_scheduler = rank == 0
+    while True:
+        with broadcast.read_view() as view:
+            msg = in_codec.decode(view)
+        if isinstance(msg, SchedulerOutput):
+            output = runner.execute(msg)
+            if reply_to_scheduler and output is not None:
+                result.write(out_codec.encode(output))
+            continue
+        assert isinstance(msg, ExecutorCall)
+        text = _call(runner, msg)
+        if reply_to_scheduler:
+            result.write(out_codec.encode(ExecutorReply(call_id=msg.call_id, ok=True, result=text)))
+        if msg.method == "shutdown":
+            return
+
+
+def _call(runner, call: ExecutorCall) -> str:
+    if call.method == "initialize":
+        runner.initialize_kv_cache(int(call.args["num_blocks"]))
+        return "ok"
+    if call.method == "start_profile":
+        return runner.start_profile(str(call.args["dir"]))
+    if call.method == "stop_profile":
+        return runner.stop_profile()
+    if call.method == "shutdown":
+        return "bye"
+    raise ValueError(f"unknown executor call {call.method!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

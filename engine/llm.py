@@ -1,0 +1,249 @@
+"""The offline API, with vLLM's names: `LLM(model).generate(prompts, sampling_params)` and `.chat(...)`.
+
+It drives the same multi-process engine the server uses (EngineClient's blocking face), so every test of
+`LLM` exercises the real topology; `in_process=True` runs the scheduler and executor in the caller.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from engine.client import EngineClient
+from engine.config import EngineConfig
+from engine.outputs import CompletionOutput, RequestDelta, RequestOutput, TokenLogprobs
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import load_tokenizer
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, tokenizer: str | None = None, dtype: str = "auto",
+                 max_model_len: int | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int | None = None, block_size: int = 16,
+                 kv_cache_memory: int | None = None, enable_prefix_caching: bool = True,
+                 tensor_parallel_size: int = 1, load_format: str = "auto", seed: int = 0,
+                 device: str = "auto", enforce_eager: bool = False, **kwargs) -> None:
+        fields = set(EngineConfig.__struct_fields__)
+        unknown = sorted(set(kwargs) - fields)
+        if unknown:
+            raise TypeError(f"LLM() got unknown options: {', '.join(unknown)}")
+        self.config = EngineConfig(
+            model=model or "", tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            block_size=block_size, kv_cache_memory=kv_cache_memory,
+            enable_prefix_caching=enable_prefix_caching, tensor_parallel_size=tensor_parallel_size,
+            load_format=load_format, seed=seed, device=device, enforce_eager=enforce_eager, **kwargs,
+        ).finalize()
+        self.tokenizer = load_tokenizer(self.config)
+        self.engine = EngineClient(self.config).start()
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ lifecycle
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def shutdown(self) -> None:
+        self.engine.shutdown_sync()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return SamplingParams().resolved(self.engine.generation_defaults)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        items = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(items), self.get_default_sampling_params())
+        requests = []
+        for item, p in zip(items, params):
+            if isinstance(item, str):
+                requests.append(_Pending(item, self.tokenizer.encode(item), p))
+            else:
+                requests.append(_Pending(None, list(item["prompt_token_ids"]), p))
+        return self._run(requests, use_tqdm)
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None
+             ) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        params = _as_params_list(sampling_params, len(conversations), self.get_default_sampling_params())
+        requests = []
+        for conversation, p in zip(conversations, params):
+            text = self.tokenizer.apply_chat_template(
+                conversation, tokenize=False, chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message, **(chat_template_kwargs or {}),
+            )
+            requests.append(_Pending(text, self.tokenizer.encode(text, add_special_tokens=False), p))
+        return self._run(requests, use_tqdm)
+
+    def _run(self, requests: list[_Pending], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.engine
+        streams: dict[str, _Stream] = {}
+        try:
+            for index, request in enumerate(requests):
+                request.request_id = str(next(self._ids))
+                for child in range(request.params.n):
+                    stream = _Stream(index, request, child, self.tokenizer)
+                    child_id = f"{request.request_id}-{child}"
+                    engine.add_request(child_id, request.prompt_token_ids, request.params.child(child))
+                    streams[child_id] = stream
+        except BaseException:
+            for child_id in streams:
+                engine.abort_request(child_id)
+            raise
+        bar = _progress(len(streams), use_tqdm)
+        unfinished = len(streams)
+        generated = 0
+        start = time.perf_counter()
+        try:
+            while unfinished:
+                for delta in engine.poll(timeout=1.0):
+                    stream = streams[delta.request_id]
+                    generated += len(delta.new_token_ids)
+                    if stream.apply(delta):
+                        engine.abort_request(delta.request_id)
+                    if stream.finished:
+                        unfinished -= 1
+                        if bar is not None:
+                            bar.update(1)
+                            bar.set_postfix_str(f"{generated / (time.perf_counter() - start):.1f} output tok/s")
+        except BaseException:
+            for child_id, stream in streams.items():
+                if not stream.finished:
+                    engine.abort_request(child_id)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [request.result(self.tokenizer, streams) for request in requests]
+
+
+@dataclass
+class _Pending:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+
+    def result(self, tokenizer, streams: dict[str, _Stream]) -> RequestOutput:
+        children = [streams[f"{self.request_id}-{i}"] for i in range(self.params.n)]
+        first = children[0]
+        return RequestOutput(
+            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
+            outputs=[c.completion(tokenizer) for c in children],
+            prompt_logprobs=first.prompt_logprobs_dicts(),
+            num_cached_tokens=first.num_cached_tokens, finished=True,
+        )
+
+
+@dataclass
+class _Stream:
+    """One child sequence being generated: its tokens, logprobs and stop-string detection."""
+
+    index: int
+    request: _Pending
+    child: int
+    tokenizer: object
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+    text: str | None = None
+    detokenizer: object = None
+
+    def __post_init__(self) -> None:
+        params = self.request.params
+        if params.stop:
+            from engine.detokenizer import IncrementalDetokenizer
+
+            self.detokenizer = IncrementalDetokenizer(self.tokenizer, self.request.prompt_token_ids, params)
+
+    def apply(self, delta: RequestDelta) -> bool:
+        """Take one delta; True when a stop string ended the sequence (the engine must abort it)."""
+        if self.finished:
+            return False
+        if delta.num_cached_tokens is not None:
+            self.num_cached_tokens = delta.num_cached_tokens
+        if delta.prompt_logprobs:
+            self.prompt_logprobs.extend(delta.prompt_logprobs)
+        new = delta.new_token_ids
+        self.token_ids.extend(new)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+        if self.detokenizer is not None and new:
+            stop = self.detokenizer.update(new)
+            if stop is not None:
+                self.finished, self.finish_reason, self.stop_reason = True, "stop", stop
+                self.text = self.detokenizer.output_text
+                keep = self.detokenizer.num_output_tokens
+                del self.token_ids[keep:]
+                del self.logprobs[keep:]
+                return True
+        if delta.finished:
+            self.finished, self.finish_reason, self.stop_reason = True, delta.finish_reason, delta.stop_reason
+            if self.detokenizer is not None:
+                self.text = self.detokenizer.output_text
+        return False
+
+    def completion(self, tokenizer) -> CompletionOutput:
+        params = self.request.params
+        text = self.text
+        if text is None:
+            text = tokenizer.decode(self.token_ids, skip_special_tokens=params.skip_special_tokens)
+        logprobs = cumulative = None
+        if params.logprobs is not None:
+            logprobs = [dict(zip(lp.token_ids, lp.logprobs)) for lp in self.logprobs]
+            cumulative = float(sum(lp.logprobs[0] for lp in self.logprobs))
+        return CompletionOutput(index=self.child, text=text, token_ids=list(self.token_ids),
+                                finish_reason=self.finish_reason, stop_reason=self.stop_reason,
+                                logprobs=logprobs, cumulative_logprob=cumulative)
+
+    def prompt_logprobs_dicts(self) -> list[dict[int, float] | None] | None:
+        if self.request.params.prompt_logprobs is None:
+            return None
+        return [None if lp is None else dict(zip(lp.token_ids, lp.logprobs)) for lp in self.prompt_logprobs]
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
+    items = list(prompts)
+    for i, item in enumerate(items):
+        if isinstance(item, dict):
+            if "prompt_token_ids" not in item:
+                raise ValueError(f"prompt {i}: a dict prompt needs 'prompt_token_ids'")
+        elif not isinstance(item, str):
+            raise TypeError(f"prompt {i}: expected a string or a {{'prompt_token_ids': [...]}} dict, "
+                            f"got {type(item).__name__}")
+    return items
+
+
+def _as_params_list(params, count: int, default: SamplingParams) -> list[SamplingParams]:
+    if params is None:
+        return [default] * count
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params = list(params)
+    if len(params) != count:
+        raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+    return params
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+

@@ -1,0 +1,330 @@
+"""The model runner: one executor's model, KV cache, persistent batch and sampler.
+
+`execute(scheduler_output)` applies the diff to the persistent batch, builds the flattened inputs, runs
+the model (a captured CUDA graph for pure-decode batches when possible, eager otherwise), computes logits
+only at the positions that sample, samples, and returns what rank 0 reports to the scheduler. All ranks of
+a tensor-parallel group run exactly the same steps on the same inputs, so they sample the same tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import torch
+
+from engine.attention import AttentionMetadata, get_attention_backend
+from engine.config import EngineConfig
+from engine.input_batch import InputBatch, StepInputs
+from engine.protocol import (
+    FLOAT,
+    HANDLE,
+    TOKEN,
+    Logprobs,
+    ModelRunnerOutput,
+    RequestLogprobs,
+    SchedulerOutput,
+    pack,
+    unpack,
+)
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, rank: int = 0, tp_size: int = 1) -> None:
+        self.config = config
+        self.rank = rank
+        self.tp_size = tp_size
+        self.device = torch.device("cuda", rank) if config.resolved_device == "cuda" else torch.device("cpu")
+        self.dtype = DTYPES[config.resolved_dtype]
+        self.block_size = config.block_size
+        self.batch = InputBatch(config.max_num_seqs, config.max_model_len, config.block_size)
+        self.model = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.num_blocks = 0
+        self.graphs = None
+        self._profiler = None
+
+    # ------------------------------------------------------------------ startup
+    def load(self) -> None:
+        from engine.loader import load_model
+        from engine.sampler import Sampler
+        from engine.sampling_batch import SamplingBatch
+
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        backend = self.config.attention_backend or ("triton" if self.device.type == "cuda" else "torch")
+        self.attention_backend = get_attention_backend(backend)
+        self.model = load_model(
+            self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
+            attention_backend=backend, progress=self.rank == 0,
+        )
+        self.sampling = SamplingBatch(self.config.max_num_seqs, self.config.vocab_size, self.device,
+                                      self.config.seed)
+        self.sampler = Sampler()
+
+    @property
+    def bytes_per_block(self) -> int:
+        m = self.model
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return m.num_layers * 2 * self.block_size * m.num_kv_heads * m.head_dim * element
+
+    def available_blocks(self) -> int:
+        """How many KV blocks this rank can hold: from --kv-cache-memory on the CPU, from a profiling
+        forward and --gpu-memory-utilization on CUDA. Capped at what max_num_seqs full-length sequences
+        could ever use (plus the null block)."""
+        config = self.config
+        if config.num_gpu_blocks_override:
+            budget_blocks = config.num_gpu_blocks_override
+        elif self.device.type == "cuda":
+            budget_blocks = self._profile_gpu_blocks()
+        else:
+            budget_blocks = config.kv_cache_memory // self.bytes_per_block
+        blocks_per_seq = -(-config.max_model_len // self.block_size)
+        needed = blocks_per_seq + 1
+        if budget_blocks < needed:
+            raise RuntimeError(
+                f"the KV cache holds {budget_blocks} blocks of {self.block_size} tokens, but one sequence of "
+                f"max_model_len={config.max_model_len} tokens needs {needed - 1} (+1 reserved): give it more "
+                f"memory (--kv-cache-memory on the CPU, --gpu-memory-utilization on a GPU; "
+                f"{self.bytes_per_block * needed} bytes are needed) or lower --max-model-len"
+            )
+        return int(min(budget_blocks, config.max_num_seqs * blocks_per_seq + 1))
+
+    def _profile_gpu_blocks(self) -> int:
+        """Run one forward at max_num_batched_tokens without a KV cache, then size the cache from what is
+        left of gpu_memory_utilization × total after weights and peak activations."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        tokens = self.config.max_num_batched_tokens
+        seqs = min(self.config.max_num_seqs, tokens)
+        self._dummy_forward(tokens, seqs)
+        torch.cuda.synchronize(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
+        budget = total * self.config.gpu_memory_utilization - peak - max(non_torch, 0)
+        torch.cuda.empty_cache()
+        return max(int(budget // self.bytes_per_block), 0)
+
+    def _dummy_forward(self, num_tokens: int, num_seqs: int) -> None:
+        """A prefill-shaped forward whose KV writes all go to padding slots (-1), for memory profiling."""
+        m = self.model
+        dummy_cache = [torch.zeros(2, 1, self.block_size, m.num_kv_heads, m.head_dim, dtype=self.dtype,
+                                   device=self.device) for _ in range(m.num_layers)]
+        per_seq = num_tokens // num_seqs
+        lens = torch.full((num_seqs,), per_seq, dtype=torch.int32)
+        lens[-1] += num_tokens - per_seq * num_seqs
+        qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
+        qsl[1:] = torch.cumsum(lens, 0)
+        metadata = AttentionMetadata(
+            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device),
+            query_start_loc=qsl.to(self.device),
+            seq_lens=lens.to(self.device),
+            block_tables=torch.zeros(num_seqs, -(-int(lens.max()) // self.block_size), dtype=torch.int32,
+                                     device=self.device),
+            max_query_len=int(lens.max()), max_seq_len=int(lens.max()), num_actual_tokens=num_tokens,
+        )
+        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            hidden = m(ids, ids, dummy_cache, metadata)
+            m.compute_logits(hidden[qsl[1:].to(self.device) - 1])
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        m = self.model
+        shape = (2, num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)]
+        self.num_blocks = num_blocks
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            from engine.cuda_graphs import CudaGraphRunner
+
+            self.graphs = CudaGraphRunner(self)
+            self.graphs.capture()
+
+    # ------------------------------------------------------------------ one step
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        self.apply_diff(so)
+        if so.total_num_scheduled_tokens == 0:
+            return None
+        inputs = self.batch.prepare(so)
+        with torch.inference_mode():
+            hidden = self.forward(inputs)
+            sampled, logprobs = self.sample(hidden, inputs)
+            prompt_logprobs = self.prompt_logprobs(hidden, inputs) if inputs.prompt_logprobs else []
+        self.batch.append_sampled(inputs.sample_rows, sampled)
+        self.sampling.append_tokens(inputs.sample_rows, sampled)
+        return ModelRunnerOutput(
+            step=so.step,
+            reqs=inputs.sample_reqs.astype(HANDLE).tobytes(),
+            sampled_token_ids=sampled.astype(TOKEN).tobytes(),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )
+
+    def apply_diff(self, so: SchedulerOutput) -> None:
+        batch = self.batch
+        for req in unpack(so.finished_reqs, HANDLE).tolist():
+            row = batch.remove(req)
+            if row is not None:
+                self.sampling.remove_request(row)
+        for new in so.new_reqs:
+            row = batch.add(new)
+            self.sampling.add_request(
+                row, new.params, unpack(new.prompt_token_ids, TOKEN).tolist(),
+                unpack(new.output_token_ids, TOKEN).tolist(), new.eos_token_ids,
+            )
+        for req, blocks in so.new_block_ids:
+            batch.append_blocks(req, unpack(blocks, TOKEN))
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            return self.graphs.run(inputs)
+        metadata, input_ids, positions = self._to_device(inputs)
+        return self.model(input_ids, positions, self.kv_caches, metadata)
+
+    def _to_device(self, inputs: StepInputs) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
+        device = self.device
+        non_blocking = device.type == "cuda"
+
+        def put(array: np.ndarray) -> torch.Tensor:
+            tensor = torch.from_numpy(np.ascontiguousarray(array))
+            if non_blocking:
+                return tensor.pin_memory().to(device, non_blocking=True)
+            return tensor
+
+        metadata = AttentionMetadata(
+            slot_mapping=put(inputs.slot_mapping),
+            query_start_loc=put(inputs.query_start_loc),
+            seq_lens=put(inputs.seq_lens),
+            block_tables=put(inputs.block_tables),
+            max_query_len=inputs.max_query_len,
+            max_seq_len=inputs.max_seq_len,
+            num_actual_tokens=inputs.num_tokens,
+        )
+        return metadata, put(inputs.input_ids), put(inputs.positions)
+
+    def sample(self, hidden: torch.Tensor, inputs: StepInputs) -> tuple[np.ndarray, list[RequestLogprobs]]:
+        if not len(inputs.sample_rows):
+            return np.zeros(0, dtype=np.int32), []
+        index = torch.from_numpy(inputs.logits_indices).to(hidden.device)
+        logits = self.model.compute_logits(hidden.index_select(0, index))
+        out = self.sampler(logits, self.sampling.metadata(inputs.sample_rows))
+        sampled = out.sampled_token_ids.cpu().numpy().astype(np.int32)
+        if out.logprobs is None:
+            return sampled, []
+        return sampled, self._pack_sample_logprobs(out.logprobs, inputs)
+
+    def _pack_sample_logprobs(self, tensors, inputs: StepInputs) -> list[RequestLogprobs]:
+        token_ids = tensors.token_ids.cpu().numpy()
+        values = tensors.logprobs.cpu().numpy()
+        ranks = tensors.ranks.cpu().numpy()
+        wanted = self.sampling.num_logprobs(inputs.sample_rows)
+        result = []
+        for i in np.flatnonzero(wanted >= 0).tolist():
+            columns = int(wanted[i]) + 1
+            result.append(RequestLogprobs(
+                req=int(inputs.sample_reqs[i]),
+                logprobs=_logprobs_message(token_ids[i : i + 1, :columns], values[i : i + 1, :columns],
+                                           ranks[i : i + 1]),
+            ))
+        return result
+
+    def prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> list[RequestLogprobs]:
+        from engine.sampler import compute_prompt_logprobs
+
+        result = []
+        for plan in inputs.prompt_logprobs:
+            index = torch.from_numpy(plan.token_indices).to(hidden.device)
+            logits = self.model.compute_logits(hidden.index_select(0, index))
+            targets = torch.from_numpy(plan.target_token_ids).to(hidden.device)
+            tensors = compute_prompt_logprobs(logits, targets, plan.num_logprobs)
+            result.append(RequestLogprobs(
+                req=plan.req,
+                logprobs=_logprobs_message(tensors.token_ids.cpu().numpy(), tensors.logprobs.cpu().numpy(),
+                                           tensors.ranks.cpu().numpy()),
+                first_position=plan.first_position,
+            ))
+        return result
+
+    # ------------------------------------------------------------------ profiling
+    def start_profile(self, directory: str) -> str:
+        if self._profiler is not None:
+            return "already profiling"
+        os.makedirs(directory, exist_ok=True)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._profile_dir = directory
+        self._profiler = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=False)
+        self._profiler.__enter__()
+        return f"profiling into {directory}"
+
+    def stop_profile(self) -> str:
+        if self._profiler is None:
+            return "not profiling"
+        self._profiler.__exit__(None, None, None)
+        path = os.path.join(self._profile_dir, f"trace-rank{self.rank}-pid{os.getpid()}.json")
+        self._profiler.export_chrome_trace(path)
+        self._profiler = None
+        return path
+
+
+def _logprobs_message(token_ids: np.ndarray, values: np.ndarray, ranks: np.ndarray) -> Logprobs:
+    return Logprobs(
+        token_ids=np.ascontiguousarray(token_ids, dtype=TOKEN).tobytes(),
+        logprobs=np.ascontiguousarray(values, dtype=FLOAT).tobytes(),
+        ranks=np.ascontiguousarray(ranks, dtype=TOKEN).tobytes(),
+        num_columns=token_ids.shape[1],
+    )
+
+
+class FakeModelRunner(ModelRunner):
+    """load_format="fake": the whole executor path (diffs, persistent batch, input preparation, rings)
+    with a zero-cost model: the next token is a fixed function of the last one. For overhead benchmarks."""
+
+    def load(self) -> None:
+        self.model = None
+
+    @property
+    def bytes_per_block(self) -> int:
+        return 1024
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+
+    def apply_diff(self, so: SchedulerOutput) -> None:
+        batch = self.batch
+        for req in unpack(so.finished_reqs, HANDLE).tolist():
+            batch.remove(req)
+        for new in so.new_reqs:
+            batch.add(new)
+        for req, blocks in so.new_block_ids:
+            batch.append_blocks(req, unpack(blocks, TOKEN))
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        self.apply_diff(so)
+        if so.total_num_scheduled_tokens == 0:
+            return None
+        inputs = self.batch.prepare(so)
+        last = inputs.input_ids[inputs.logits_indices]
+        sampled = ((last * 7 + 13) % self.config.vocab_size).astype(np.int32)
+        self.batch.append_sampled(inputs.sample_rows, sampled)
+        return ModelRunnerOutput(
+            step=so.step, reqs=inputs.sample_reqs.astype(HANDLE).tobytes(),
+            sampled_token_ids=sampled.tobytes(), logprobs=[], prompt_logprobs=[],
+        )
+
+    def start_profile(self, directory: str) -> str:
+        return "the fake model has nothing to profile"
+
+    def stop_profile(self) -> str:
+        return "not profiling"
+
+
+def make_model_runner(config: EngineConfig, rank: int = 0, tp_size: int = 1) -> ModelRunner:
+    cls = FakeModelRunner if config.load_format == "fake" else ModelRunner
+    return cls(config, rank, tp_size)
