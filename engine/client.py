@@ -24,6 +24,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
+from shm.ring import RingTimeout, SpscRing
+from shm.segment import sweep_stale
+from shm.wait import PeerDiedError
 
 from engine.config import EngineConfig
 from engine.engine_core import ring_spec_json
@@ -51,9 +54,6 @@ from engine.protocol import (
 )
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import eos_token_ids, model_generation_defaults
-from shm.ring import RingTimeout, SpscRing
-from shm.segment import sweep_stale
-from shm.wait import PeerDiedError
 
 READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this often
 
@@ -493,7 +493,7 @@ class EngineClient:
                 state.queue.put_nowait(error)
         self._by_handle.clear()
         self._by_id.clear()
-        for call_id, waiter in list(self._calls.items()):
+        for waiter in list(self._calls.values()):
             if isinstance(waiter, asyncio.Future) and not waiter.done():
                 waiter.set_exception(error)
         self._calls.clear()

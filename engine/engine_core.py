@@ -16,6 +16,9 @@ import time
 from collections.abc import Callable
 
 import msgspec
+from shm.broadcast import BroadcastRing
+from shm.ring import RingSpec, SpscRing
+from shm.wait import PeerDiedError
 
 from engine.config import EngineConfig
 from engine.executor import spin_window
@@ -44,9 +47,6 @@ from engine.protocol import (
     pack,
     unpack,
 )
-from shm.broadcast import BroadcastRing
-from shm.ring import RingSpec, SpscRing
-from shm.wait import PeerDiedError
 
 # The scheduler sleeps instead of spinning while it waits for a forward pass expected to take longer.
 SLEEP_IF_STEP_LONGER_THAN_US = 4000

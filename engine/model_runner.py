@@ -25,7 +25,6 @@ from engine.protocol import (
     ModelRunnerOutput,
     RequestLogprobs,
     SchedulerOutput,
-    pack,
     unpack,
 )
 
