@@ -13,7 +13,9 @@ import click
 
 COMMANDS: dict[str, str] = {}
 
-BENCH_COMMANDS: dict[str, str] = {}
+BENCH_COMMANDS: dict[str, str] = {
+    "throughput": "tools.bench_offline:cli",
+}
 
 
 class LazyGroup(click.Group):
