@@ -148,3 +148,15 @@ def test_sliding_window_is_refused_only_when_it_would_slide(tiny_model):
 def test_unsupported_model_features_are_clear_errors(tiny_model, change, message):
     with pytest.raises(ConfigError, match=message):
         _parse({**_hf_config(tiny_model, "LlamaForCausalLM"), **change})
+
+
+def test_benchmark_prints_its_figures(tiny_model):
+    from click.testing import CliRunner
+
+    from engine.models.benchmark import main
+
+    args = [str(tiny_model("Qwen3ForCausalLM")), "--batch", "2", "--prompt-len", "8", "--decode-steps", "2",
+            "--block-size", "4"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "prefill 2 x 8" in result.output and "tok/s" in result.output and "GB/s" in result.output
