@@ -48,10 +48,13 @@ def load_model(
     config.finalize()
     if config.load_format == "fake":
         raise ConfigError("load_format 'fake' has no model to load (the runner fakes the whole forward)")
-    if tp_size > 1 and distributed.tp_size() != tp_size:
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank {tp_rank} is outside a tensor-parallel group of size {tp_size}")
+    if tp_size > 1 and (distributed.tp_rank(), distributed.tp_size()) != (tp_rank, tp_size):
         raise RuntimeError(
-            f"load_model(tp_size={tp_size}) needs engine.distributed.init_tensor_parallel(rank, {tp_size}, ...) "
-            f"first; the current group size is {distributed.tp_size()}"
+            f"load_model(tp_rank={tp_rank}, tp_size={tp_size}) needs engine.distributed.init_tensor_parallel"
+            f"({tp_rank}, {tp_size}, ...) first; this process is rank {distributed.tp_rank()} of "
+            f"{distributed.tp_size()}"
         )
     args = ModelArgs.from_hf_config(config.hf_config(), config.architecture, config.max_model_len)
     dtype = getattr(torch, config.resolved_dtype)
@@ -100,9 +103,9 @@ def load_safetensors_weights(model: CausalLM, model_dir: str, *, progress: bool 
     """Fill every parameter from model_dir's safetensors (one file, several, or a sharded index)."""
     params = checkpoint_params(model)
     with contextlib.ExitStack() as stack:
-        files = {path: stack.enter_context(safe_open(path, framework="pt", device="cpu"))
-                 for path in _safetensors_files(model_dir)}
-        names = {name: f for f in files.values() for name in f.keys() if not _ignored(name, model)}
+        files = [stack.enter_context(safe_open(path, framework="pt", device="cpu"))
+                 for path in _safetensors_files(model_dir)]
+        names = {name: f for f in files for name in f.keys() if not _ignored(name, model)}
         _check_names(set(names), set(params), model_dir)
         for name, f in tqdm(names.items(), desc="Loading weights", unit="tensor", file=sys.stderr,
                             disable=not progress):

@@ -228,8 +228,10 @@ def test_progress_bar_goes_to_stderr_and_can_be_disabled(tiny_model, capsys):
 
 def test_tensor_parallel_load_without_a_group_is_refused(tiny_model):
     config = EngineConfig(model=str(tiny_model("MistralForCausalLM")), tensor_parallel_size=2)
-    with pytest.raises(RuntimeError, match="init_tensor_parallel"):
+    with pytest.raises(RuntimeError, match=r"init_tensor_parallel\(0, 2, ...\) first; this process is rank 0 of 1"):
         load_model(config, device="cpu", tp_rank=0, tp_size=2, progress=False)
+    with pytest.raises(ValueError, match="tp_rank 2 is outside a tensor-parallel group of size 2"):
+        load_model(config, device="cpu", tp_rank=2, tp_size=2, progress=False)
 
 
 def test_fake_load_format_has_no_model(tiny_model):
