@@ -165,6 +165,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"(max_position_embeddings in {self.model}/config.json)"
             )
         _check_positive("max_model_len", self.max_model_len)
+        from engine.models.model_args import ModelArgs
+
+        ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what the decoder can't compute
 
         if self.max_num_batched_tokens is None:
             default = 8192 if self.resolved_device == "cuda" else 2048
