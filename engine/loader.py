@@ -23,6 +23,7 @@ from tqdm import tqdm
 from engine import distributed
 from engine.attention import get_attention_backend
 from engine.config import ConfigError, EngineConfig
+from engine.layers.cpu_matmul import should_upcast, upcast_matmul_weights
 from engine.layers.weights import CheckpointWeights, SafetensorsSource, ShardId, TensorSource, WeightSource
 from engine.models import CausalLM, ModelArgs, get_model_class
 
@@ -66,6 +67,8 @@ def load_model(
         load_dummy_weights(model, seed=config.seed, progress=show_progress)
     else:
         load_safetensors_weights(model, config.model, progress=show_progress)
+    if should_upcast(torch.device(device), dtype):
+        upcast_matmul_weights(model)
     return model.eval()
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import all_reduce
+from engine.layers.cpu_matmul import UpcastMatmul
 from engine.layers.weights import CheckpointWeights, ShardId, WeightSource, new_parameter
 
 
@@ -28,7 +28,7 @@ class OutputShard:
     offset: int        # where those rows sit in the rank's fused weight
 
 
-class ColumnParallelLinear(CheckpointWeights, nn.Module):
+class ColumnParallelLinear(UpcastMatmul, CheckpointWeights, nn.Module):
     """Y = X Wᵀ + b with W's output rows split across ranks.
 
     W may fuse several checkpoint tensors (q/k/v, gate/up), each sharded on its own and stacked on the rank
@@ -49,7 +49,7 @@ class ColumnParallelLinear(CheckpointWeights, nn.Module):
         self.bias = new_parameter(offset, dtype=dtype) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x)
 
     def checkpoint_shape(self, param: nn.Parameter, shard_id: ShardId = None) -> tuple[int, ...]:
         return (self.shards[shard_id].full_size, *param.shape[1:])
@@ -102,7 +102,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.q_size, self.kv_size = q_rows, kv_rows
 
 
-class RowParallelLinear(CheckpointWeights, nn.Module):
+class RowParallelLinear(UpcastMatmul, CheckpointWeights, nn.Module):
     """Y = X Wᵀ + b with W's input columns split across ranks; the partial products are all-reduced."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, *, tp_rank: int, tp_size: int,
@@ -117,8 +117,8 @@ class RowParallelLinear(CheckpointWeights, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = all_reduce(F.linear(x, self.weight))
+            return self.matmul(x)
+        y = all_reduce(self.matmul(x, with_bias=False))
         # The bias is added once, after the sum, not once per rank.
         return y if self.bias is None else y + self.bias
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import all_gather, all_reduce
+from engine.layers.cpu_matmul import UpcastMatmul
 from engine.layers.weights import CheckpointWeights, ShardId, WeightSource, new_parameter
 
 
@@ -45,12 +46,13 @@ class VocabParallelEmbedding(CheckpointWeights, nn.Module):
         param.data[kept:].zero_()
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(UpcastMatmul, VocabParallelEmbedding):
     """hidden -> logits: each rank computes its vocabulary slice and the slices are all-gathered, so every
     rank holds the full float32 logits (and all ranks sample identically)."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        weight = self.compute_weight
+        logits = F.linear(hidden, self.weight) if weight is None else F.linear(hidden.float(), weight)
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.vocab_size]
         return logits.float()

@@ -1,0 +1,65 @@
+"""Half-precision matmuls on CPUs that have no half-precision matmul instructions.
+
+On x86 CPUs without AVX-512 BF16 or AMX (e.g. this project's AVX2 CI machines), torch's bf16/fp16 GEMMs
+run 4–7x slower than fp32 ones for more than one row. There, every matmul layer keeps an exact float32 copy
+of its weight, multiplies in float32 and rounds the result back to the model dtype: the arithmetic of a
+half-precision GEMM with float32 accumulation (what GPUs and oneDNN's native kernels do), at fp32 speed,
+for twice the weight memory. Activations, the KV cache and everything else stay in the model dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HALF = (torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def cpu_has_native_half_matmul() -> bool:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return True                       # not Linux/x86: leave torch's choice alone
+    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16", "avx512_fp16"))
+
+
+def should_upcast(device: torch.device, dtype: torch.dtype) -> bool:
+    override = os.environ.get("RINGSERVE_CPU_UPCAST_MATMUL")
+    if override is not None:
+        return override == "1" and device.type == "cpu" and dtype in HALF
+    return device.type == "cpu" and dtype in HALF and not cpu_has_native_half_matmul()
+
+
+class UpcastMatmul:
+    """Mixed into matmul layers: `self.matmul(x, weight, bias)` uses the fp32 copies once `upcast()` ran."""
+
+    compute_weight: torch.Tensor | None = None
+    compute_bias: torch.Tensor | None = None
+
+    def upcast(self) -> None:
+        self.compute_weight = self.weight.detach().float()
+        bias = getattr(self, "bias", None)
+        self.compute_bias = None if bias is None else bias.detach().float()
+
+    def matmul(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        weight = self.compute_weight
+        if weight is None:
+            return F.linear(x, self.weight, self.bias if with_bias else None)
+        return F.linear(x.float(), weight, self.compute_bias if with_bias else None).to(x.dtype)
+
+
+def upcast_matmul_weights(model: nn.Module) -> int:
+    """Give every matmul layer of `model` its float32 weight copy; returns how many layers got one."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, UpcastMatmul):
+            module.upcast()
+            count += 1
+    return count

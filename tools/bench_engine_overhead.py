@@ -1,0 +1,84 @@
+"""What the processes and rings cost: per-step time with a zero-cost fake model, in-process vs multi-process.
+
+With load_format="fake" the executor runs the whole per-step path (diff, persistent batch, input
+preparation) but no model, so a step's time is pure engine overhead: scheduling, encoding, the rings, the
+executor's bookkeeping, and the client turning outputs into deltas. Both modes run the same workload in
+the same run: N requests decoding (short prompts, ignore_eos), timed over many steps once all are running.
+
+    python -m tools.bench_engine_overhead [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from engine.client import EngineClient
+from engine.config import EngineConfig
+from engine.sampling_params import SamplingParams
+
+
+def measure(batch: int, in_process: bool, steps: int, model: str | None) -> dict:
+    config = EngineConfig(model=model or "", load_format="fake", in_process=in_process, max_num_seqs=max(batch, 1),
+                          max_num_batched_tokens=max(batch * 16, 256), max_model_len=2048)
+    client = EngineClient(config).start()
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=2000, ignore_eos=True)
+        for i in range(batch):
+            client.add_request(f"r{i}", [1 + (i % 7)] * 16, params)
+        seen = 0
+        while seen < batch:                     # until every request has its first token
+            seen += sum(1 for d in client.poll(timeout=5.0) if d.num_cached_tokens is not None)
+        for _ in range(20):                     # warm-up steps
+            client.poll(timeout=5.0)
+        times = []
+        tokens = 0
+        last = time.perf_counter()
+        while len(times) < steps:
+            deltas = client.poll(timeout=5.0)
+            now = time.perf_counter()
+            if deltas:
+                times.append(now - last)
+                tokens += sum(len(d.new_token_ids) for d in deltas)
+                last = now
+        for i in range(batch):
+            client.abort_request(f"r{i}")
+    finally:
+        client.shutdown_sync()
+    times.sort()
+    mean = sum(times) / len(times)
+    return {"mode": "in-process" if in_process else "multi-process", "batch": batch,
+            "step_us_mean": mean * 1e6, "step_us_p50": times[len(times) // 2] * 1e6,
+            "step_us_p99": times[int(len(times) * 0.99)] * 1e6, "steps_per_s": 1 / mean,
+            "tokens_per_s": tokens / sum(times)}
+
+
+@click.command("engine-overhead")
+@click.option("--batches", default="1,64,256", show_default=True)
+@click.option("--steps", default=2000, show_default=True)
+@click.option("--model", default=None, help="config.json directory (default: the demo model)")
+@click.option("--json", "as_json", is_flag=True)
+def cli(batches: str, steps: int, model: str | None, as_json: bool) -> None:
+    """Per-step engine overhead with a zero-cost model, in-process vs multi-process, side by side."""
+    rows = []
+    for batch in [int(b) for b in batches.split(",")]:
+        local = measure(batch, True, steps, model)
+        remote = measure(batch, False, steps, model)
+        rows.append({"batch": batch, "in_process": local, "multi_process": remote,
+                     "added_us": remote["step_us_mean"] - local["step_us_mean"]})
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    click.echo(f"{'running':>8} {'in-process us/step':>19} {'multi-process us/step':>22} {'p99':>8} "
+               f"{'added us':>9} {'steps/s (mp)':>13}")
+    for r in rows:
+        a, b = r["in_process"], r["multi_process"]
+        click.echo(f"{r['batch']:>8} {a['step_us_mean']:>19.1f} {b['step_us_mean']:>22.1f} "
+                   f"{b['step_us_p99']:>8.1f} {r['added_us']:>9.1f} {b['steps_per_s']:>13.0f}")
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
