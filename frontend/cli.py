@@ -13,7 +13,9 @@ import click
 
 COMMANDS: dict[str, str] = {}
 
-BENCH_COMMANDS: dict[str, str] = {}
+BENCH_COMMANDS: dict[str, str] = {
+    "scheduler": "tools.bench_scheduler:cli",
+}
 
 
 class LazyGroup(click.Group):
