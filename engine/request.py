@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from engine.protocol import (
     FINISH_ABORT,
@@ -20,6 +21,9 @@ from engine.protocol import (
     unpack,
 )
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.block_pool import KVCacheBlock
 
 
 class RequestStatus(enum.IntEnum):
@@ -94,7 +98,7 @@ class Request:
         self.skip_prefix_cache = params.prompt_logprobs is not None
 
         # Owned by the KV cache manager: the block table and the hashes of the full blocks of tokens.
-        self.blocks: list = []
+        self.blocks: list[KVCacheBlock] = []
         self.block_hashes: list[bytes] = []
         self.num_cached_blocks = 0
         self.num_cached_tokens = 0          # prefix-cache hit at first scheduling
