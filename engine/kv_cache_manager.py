@@ -141,8 +141,7 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Give back all of a request's blocks, tail first; its computed full blocks stay cached."""
-        if self.enable_caching:
-            self.cache_computed_blocks(request)
+        self.cache_computed_blocks(request)
         self.block_pool.free_blocks(reversed(request.blocks))
         request.blocks = []
         request.num_cached_blocks = 0
@@ -152,11 +151,14 @@ class KVCacheManager:
 
     def cache_computed_blocks(self, request: Request) -> None:
         """Enter the request's full blocks whose keys and values are computed into the prefix cache."""
-        num_full = min(request.num_computed_tokens // self.block_size, len(request.blocks))
+        if not self.enable_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
         start = request.num_cached_blocks
         if num_full <= start:
             return
         cache_block = self.block_pool.cache_block
-        for block, block_hash in zip(request.blocks[start:num_full], request.block_hashes[start:num_full]):
+        blocks, hashes = request.blocks[start:num_full], request.block_hashes[start:num_full]
+        for block, block_hash in zip(blocks, hashes, strict=True):
             cache_block(block, block_hash)
         request.num_cached_blocks = num_full

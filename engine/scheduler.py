@@ -14,10 +14,12 @@ no token list is re-read, re-hashed or re-encoded.
 
 from __future__ import annotations
 
+import sys
 import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+from engine.block_pool import KVCacheBlock
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager, cdiv
 from engine.protocol import (
@@ -38,15 +40,24 @@ RUNNING, PREEMPTED = RequestStatus.RUNNING, RequestStatus.PREEMPTED
 FINISHED_ABORTED = RequestStatus.FINISHED_ABORTED
 
 
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
 def pack_i32(values: list[int]) -> bytes:
-    """Little-endian int32 bytes (protocol.TOKEN) of a list; array() is several times faster than
-    numpy for the short lists of a step (x86 and ARM are little-endian)."""
-    return array("i", values).tobytes()
+    """Little-endian int32 bytes (protocol.TOKEN) of a list of ints; array() is several times faster
+    than numpy's conversion for the lists of one step."""
+    packed = array("i", values)
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def pack_i64(values: list[int]) -> bytes:
-    """Little-endian int64 bytes (protocol.HANDLE) of a list."""
-    return array("q", values).tobytes()
+    """Little-endian int64 bytes (protocol.HANDLE) of a list of ints."""
+    packed = array("q", values)
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
 
 
 class Scheduler:
@@ -141,6 +152,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutput:
+        """Hand out this step's token budget; advance num_computed_tokens of everything scheduled."""
         self.step += 1
         budget = self.max_num_batched_tokens
         block_size = self.block_size
@@ -254,7 +266,7 @@ class Scheduler:
         counts: list[int],
         computed: list[int],
         new_block_ids: list[tuple[int, bytes]],
-    ) -> tuple[list | None, int, int]:
+    ) -> tuple[Sequence[KVCacheBlock] | None, int, int]:
         """Preempt running requests, lowest priority first, until `request` (running[index]) gets its
         blocks or is itself the one preempted. A victim this step already scheduled leaves the batch.
 
@@ -310,6 +322,8 @@ class Scheduler:
         scheduler_output: SchedulerOutput,
         runner_output: ModelRunnerOutput | None,
     ) -> EngineOutputs:
+        """Take a step's sampled tokens (None when it scheduled nothing), apply the stop checks, free
+        the finished requests' blocks, and report the step's news with the aborts since the last one."""
         now = time.monotonic()
         out_reqs = out_tokens = b""
         logprobs = prompt_logprobs = []
@@ -360,7 +374,7 @@ class Scheduler:
         caching = kv.enable_caching
         gone: set[int] = set()
         any_finished = False
-        for handle, token in zip(handles, tokens):
+        for handle, token in zip(handles, tokens, strict=True):
             request = requests.get(handle)
             if request is None:
                 gone.add(handle)

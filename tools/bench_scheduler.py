@@ -57,15 +57,16 @@ class DecodeStandIn:
             num_tokens = (len(new.prompt_token_ids) + len(new.output_token_ids)) // TOKEN.itemsize
             self.remaining[new.req] = num_tokens - new.num_computed_tokens
         sampled = []
-        for handle, n in zip(unpack(so.reqs, HANDLE).tolist(), unpack(so.num_scheduled_tokens, TOKEN).tolist()):
+        counts = unpack(so.num_scheduled_tokens, TOKEN).tolist()
+        for handle, n in zip(unpack(so.reqs, HANDLE).tolist(), counts, strict=True):
             left = self.remaining[handle] - n
             if left == 0:
                 sampled.append(handle)
                 left = 1
             self.remaining[handle] = left
         tokens = self.rng.integers(1, self.vocab_size, size=len(sampled))
-        return ModelRunnerOutput(step=so.step, reqs=pack(sampled, HANDLE), sampled_token_ids=pack(tokens, TOKEN),
-                                 logprobs=[], prompt_logprobs=[])
+        return ModelRunnerOutput(step=so.step, reqs=pack(sampled, HANDLE),
+                                 sampled_token_ids=pack(tokens, TOKEN), logprobs=[], prompt_logprobs=[])
 
 
 def measure(batch_size: int, steps: int, prompt_len: int, block_size: int, same_length: bool = False,
@@ -148,7 +149,7 @@ def cli(batch_sizes: str, steps: int, prompt_len: int, block_size: int, same_len
     click.echo(f"scheduler cycle = schedule() + update_from_output(), decode only, block_size {block_size}, "
                f"{steps} steps, prompts {'all' if same_length else 'around'} {prompt_len} tokens, "
                f"gc.freeze {'on' if gc_freeze else 'off'}")
-    click.echo("wall: perf_counter; cpu: this thread's CPU time (excludes time the OS gave to other processes)")
+    click.echo("wall: perf_counter; cpu: this thread's CPU time (leaves out time other processes had the core)")
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > 0.5 * cores:
         click.echo(f"note: the machine is busy (load {load:.1f} on {cores} cores); wall figures include time "

@@ -79,7 +79,8 @@ class FakeModelRunner:
             del self.requests[handle]
         for new in so.new_reqs:
             assert new.req not in self.requests, f"step {so.step}: request {new.req} sent twice"
-            tokens = unpack(new.prompt_token_ids, TOKEN).tolist() + unpack(new.output_token_ids, TOKEN).tolist()
+            tokens = unpack(new.prompt_token_ids, TOKEN).tolist()
+            tokens += unpack(new.output_token_ids, TOKEN).tolist()
             self.requests[new.req] = _ExecutorRequest(
                 tokens, unpack(new.block_ids, TOKEN).tolist(), new.num_computed_tokens)
         for handle, block_ids in so.new_block_ids:
@@ -90,12 +91,14 @@ class FakeModelRunner:
         counts = unpack(so.num_scheduled_tokens, TOKEN).tolist()
         computed = unpack(so.num_computed_tokens, TOKEN).tolist()
         assert sum(counts) == so.total_num_scheduled_tokens
-        for handle, n, start in zip(handles, counts, computed):
+        for handle, n, start in zip(handles, counts, computed, strict=True):
             state = self.requests[handle]
             assert state.num_computed_tokens == start, (
-                f"step {so.step}: request {handle} computed {state.num_computed_tokens}, scheduler says {start}")
+                f"step {so.step}: request {handle} computed {state.num_computed_tokens}, "
+                f"the scheduler says {start}")
             end = start + n
-            assert 0 < n and end <= len(state.tokens), f"step {so.step}: request {handle} scheduled past its tokens"
+            assert 0 < n and end <= len(state.tokens), (
+                f"step {so.step}: request {handle} scheduled past its tokens")
             prints = state.fingerprint_upto(end)
             slots = self.slots(state.block_ids, end)
             self.kv[slots[start:end]] = prints[start:end]
@@ -183,17 +186,20 @@ def step(scheduler: Scheduler, runner: FakeModelRunner) -> tuple[SchedulerOutput
 
 def scheduled(so: SchedulerOutput) -> dict[int, int]:
     """handle -> tokens scheduled this step, in batch order."""
-    return dict(zip(unpack(so.reqs, HANDLE).tolist(), unpack(so.num_scheduled_tokens, TOKEN).tolist()))
+    counts = unpack(so.num_scheduled_tokens, TOKEN).tolist()
+    return dict(zip(unpack(so.reqs, HANDLE).tolist(), counts, strict=True))
 
 
 def new_tokens(out: EngineOutputs) -> dict[int, int]:
-    return dict(zip(unpack(out.reqs, HANDLE).tolist(), unpack(out.new_token_ids, TOKEN).tolist()))
+    tokens = unpack(out.new_token_ids, TOKEN).tolist()
+    return dict(zip(unpack(out.reqs, HANDLE).tolist(), tokens, strict=True))
 
 
 def finished(out: EngineOutputs) -> dict[int, tuple[int, int | None]]:
     """handle -> (FINISH_* code, stop reason)."""
     handles = unpack(out.finished_reqs, HANDLE).tolist()
-    return {h: (code, stop) for h, code, stop in zip(handles, out.finish_reasons, out.stop_reasons)}
+    reasons = zip(handles, out.finish_reasons, out.stop_reasons, strict=True)
+    return {h: (code, stop) for h, code, stop in reasons}
 
 
 class RunResult:
@@ -219,7 +225,8 @@ def run_engine_loop(scheduler: Scheduler, runner: FakeModelRunner, max_steps: in
             result.tokens[msg.req] = []
         if step_index in aborts:
             scheduler.abort_requests(aborts[step_index])
-        if step_index > last_event and not (scheduler.has_unfinished_requests() or scheduler.has_pending_outputs()):
+        busy = scheduler.has_unfinished_requests() or scheduler.has_pending_outputs()
+        if step_index > last_event and not busy:
             result.steps = step_index
             return result
         so, out = step(scheduler, runner)

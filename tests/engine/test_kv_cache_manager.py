@@ -193,9 +193,11 @@ def test_allocate_slots_returns_only_the_appended_blocks():
     assert [b.block_id for b in manager.allocate_slots(r0, 3)] == [1]
     r0.num_computed_tokens = 3
     r0.all_token_ids.append(4)
+    manager.hash_new_blocks(r0)
     assert manager.allocate_slots(r0, 1) == ()               # room left in block 1
     r0.num_computed_tokens = 4
     r0.all_token_ids.extend([5, 6])
+    manager.hash_new_blocks(r0)
     assert [b.block_id for b in manager.allocate_slots(r0, 2)] == [2]
     assert table(r0) == [1, 2]
 

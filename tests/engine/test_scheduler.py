@@ -25,7 +25,7 @@ def slot_mapping(so, tables: dict[int, list[int]], block_size: int) -> list[int]
     handles = unpack(so.reqs, HANDLE).tolist()
     counts = unpack(so.num_scheduled_tokens, TOKEN).tolist()
     starts = unpack(so.num_computed_tokens, TOKEN).tolist()
-    for handle, n, start in zip(handles, counts, starts):
+    for handle, n, start in zip(handles, counts, starts, strict=True):
         for pos in range(start, start + n):
             slots.append(tables[handle][pos // block_size] * block_size + pos % block_size)
     return slots

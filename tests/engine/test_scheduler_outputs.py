@@ -16,7 +16,15 @@ from engine.protocol import (
     pack,
     unpack,
 )
-from tests.engine.fake_model import EOS, add_request, finished, make_scheduler, new_tokens, run_engine_loop, step
+from tests.engine.fake_model import (
+    EOS,
+    add_request,
+    finished,
+    make_scheduler,
+    new_tokens,
+    run_engine_loop,
+    step,
+)
 
 
 def run_scripted(script: list[int], prompt: int = 3, max_model_len: int = 256, **params):
@@ -32,7 +40,8 @@ def test_eos_stops_with_no_stop_reason_and_is_streamed():
 
 
 def test_ignore_eos_runs_to_max_tokens():
-    assert run_scripted([5, EOS, 6, EOS], max_tokens=4, ignore_eos=True) == ([5, EOS, 6, EOS], FINISH_LENGTH, None)
+    expected = ([5, EOS, 6, EOS], FINISH_LENGTH, None)
+    assert run_scripted([5, EOS, 6, EOS], max_tokens=4, ignore_eos=True) == expected
 
 
 def test_stop_token_ids_stop_and_name_the_token():
@@ -43,7 +52,8 @@ def test_stop_token_ids_stop_and_name_the_token():
 
 def test_no_stop_token_counts_before_min_tokens():
     # EOS and stop token 9 come too early to count; the second 9 is the fourth token and stops.
-    assert run_scripted([EOS, 9, 5, 9, 6], min_tokens=3, stop_token_ids=[9]) == ([EOS, 9, 5, 9], FINISH_STOP, 9)
+    expected = ([EOS, 9, 5, 9], FINISH_STOP, 9)
+    assert run_scripted([EOS, 9, 5, 9, 6], min_tokens=3, stop_token_ids=[9]) == expected
     # The min_tokens-th token itself may stop the request.
     assert run_scripted([EOS, 9, EOS, 5], min_tokens=3) == ([EOS, 9, EOS], FINISH_STOP, None)
 
