@@ -257,3 +257,34 @@ def test_reset_prefix_cache_waits_for_idle_blocks():
     add_request(scheduler, 1, list(range(1, 10)))
     so, _ = step(scheduler, runner)
     assert so.new_reqs[0].num_computed_tokens == 0
+
+
+def test_cache_salt_keeps_tenants_apart_in_the_scheduler():
+    scheduler, runner = make_scheduler(block_size=4)
+    prompt = list(range(1, 14))
+    add_request(scheduler, 0, prompt, cache_salt="a")
+    step(scheduler, runner)
+    add_request(scheduler, 1, prompt, cache_salt="b")
+    add_request(scheduler, 2, prompt, cache_salt="a")
+    so, _ = step(scheduler, runner)
+    news = {new.req: new for new in so.new_reqs}
+    assert news[1].num_computed_tokens == 0
+    assert news[2].num_computed_tokens == 12
+    tables = {req: set(r.block_id for r in scheduler.requests[req].blocks) for req in (0, 1, 2)}
+    assert not tables[1] & (tables[0] | tables[2])
+    assert len(tables[0] & tables[2]) == 3
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_aborted_waiting_requests_leave_the_queue(policy):
+    scheduler, runner = make_scheduler(max_num_seqs=1, scheduling_policy=policy)
+    for req in range(4):
+        add_request(scheduler, req, 3, max_tokens=1)
+    scheduler.abort_requests([0, 2])
+    assert scheduler.make_stats().num_waiting == 2
+    order = []
+    while scheduler.has_unfinished_requests():
+        so, _ = step(scheduler, runner)
+        order += [new.req for new in so.new_reqs]
+    assert order == [1, 3]
+    assert scheduler.make_stats().num_waiting == 0
