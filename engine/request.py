@@ -143,15 +143,6 @@ class Request:
     def output_token_ids(self) -> list[int]:
         return self.all_token_ids[self.num_prompt_tokens:]
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status >= RequestStatus.FINISHED_STOPPED
-
-    @property
-    def finish_reason(self) -> int | None:
-        """The FINISH_* code of a finished request, None while it is unfinished."""
-        return FINISH_CODES.get(self.status)
-
     # ------------------------------------------------------------------ stop checks
     def append_token(self, token_id: int) -> RequestStatus | None:
         """Record one sampled token; return the finished status it causes, or None.
