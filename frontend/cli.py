@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {}
 
 BENCH_COMMANDS: dict[str, str] = {
     "throughput": "tools.bench_offline:cli",
+    "scheduler": "tools.bench_scheduler:cli",
 }
 
 

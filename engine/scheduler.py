@@ -1,0 +1,409 @@
+"""The scheduler: continuous batching over a paged KV cache, in vLLM v1's model (no prefill/decode phases).
+
+Every request has num_computed_tokens (in the KV cache) and num_tokens (prompt plus sampled tokens); a
+step closes the gap for as many requests as the token budget (max_num_batched_tokens) allows, running
+requests first, in their running order, then waiting ones. A long prompt simply takes several steps
+(chunked prefill). When a running request cannot get a block, the lowest-priority running request is
+preempted by recompute: its blocks are freed and it waits again, keeping the tokens it has produced.
+
+Each step's `SchedulerOutput` is a diff for the executors (a request's prompt and block table travel once;
+then only appended blocks and counts); `update_from_output` takes the runner's sampled tokens, applies the
+stop checks and returns the step's `EngineOutputs`. Per-step work is O(scheduled requests + changes):
+no token list is re-read, re-hashed or re-encoded.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from array import array
+from collections.abc import Iterable, Sequence
+
+from engine.block_pool import KVCacheBlock
+from engine.config import EngineConfig
+from engine.kv_cache_manager import KVCacheManager, cdiv
+from engine.protocol import (
+    HANDLE,
+    TOKEN,
+    AddRequest,
+    EngineOutputs,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    SchedulerStats,
+    unpack,
+)
+from engine.request import FINISH_CODES, Request, RequestStatus
+from engine.sched_policy import create_request_queue, pick_preemption_victim
+
+RUNNING, PREEMPTED = RequestStatus.RUNNING, RequestStatus.PREEMPTED
+FINISHED_ABORTED = RequestStatus.FINISHED_ABORTED
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def pack_i32(values: list[int]) -> bytes:
+    """Little-endian int32 bytes (protocol.TOKEN) of a list of ints; array() is several times faster
+    than numpy's conversion for the lists of one step."""
+    packed = array("i", values)
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def pack_i64(values: list[int]) -> bytes:
+    """Little-endian int64 bytes (protocol.HANDLE) of a list of ints."""
+    packed = array("q", values)
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, num_blocks: int) -> None:
+        for name in ("max_model_len", "max_num_batched_tokens"):
+            if getattr(config, name) is None:
+                raise ValueError(f"the scheduler needs config.{name}; set it or call EngineConfig.finalize()")
+        self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.policy = config.scheduling_policy
+        self.waiting = create_request_queue(self.policy)
+        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.running: list[Request] = []
+        self.requests: dict[int, Request] = {}      # every unfinished request by handle
+        self.step = 0
+        self.num_preemptions = 0
+        # Executors must drop these (finished, aborted, preempted); sent with the next step that runs.
+        self._dropped_reqs: list[int] = []
+        # News for the next EngineOutputs.
+        self._finished_reqs: list[int] = []
+        self._finish_reasons: list[int] = []
+        self._stop_reasons: list[int | None] = []
+        self._first_scheduled: list[tuple[int, int, float]] = []
+        self._num_expected_samples = 0
+
+    # ------------------------------------------------------------------ requests in and out
+    def add_request(self, msg: AddRequest) -> None:
+        """Queue a request. ValueError when it could never run (empty prompt, prompt + 1 token over
+        max_model_len, or more KV blocks than the pool has) or when its handle is in use."""
+        if msg.req in self.requests:
+            raise ValueError(f"request handle {msg.req} is already in use")
+        request = Request.from_add_request(msg, self.max_model_len)
+        # The last sampled token is never computed, so a request holds at most max_num_tokens - 1 slots.
+        blocks_needed = cdiv(request.max_num_tokens - 1, self.block_size)
+        usable = self.kv_cache_manager.block_pool.num_blocks - 1
+        if blocks_needed > usable:
+            raise ValueError(
+                f"request {msg.req} may grow to {request.max_num_tokens} tokens, which needs "
+                f"{blocks_needed} KV blocks of {self.block_size} tokens; the KV cache has {usable}"
+            )
+        self.kv_cache_manager.hash_new_blocks(request)
+        self.requests[request.req] = request
+        self.waiting.add(request)
+
+    def abort_requests(self, reqs: Iterable[int]) -> None:
+        """Abort requests by handle; unknown or already finished handles are ignored."""
+        aborted_running = False
+        for handle in reqs:
+            request = self.requests.get(int(handle))
+            if request is None:
+                continue
+            if request.status is RUNNING:
+                aborted_running = True
+            else:
+                self.waiting.remove(request)
+            self._finish(request, FINISHED_ABORTED)
+        if aborted_running:
+            self.running = [r for r in self.running if r.status is RUNNING]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def has_pending_outputs(self) -> bool:
+        """True while finished requests (e.g. aborts) wait to be reported in an EngineOutputs."""
+        return bool(self._finished_reqs)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv_cache_manager.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.kv_cache_manager.usage
+
+    def make_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+            num_free_blocks=kv.num_free_blocks,
+            step=self.step,
+        )
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> SchedulerOutput:
+        """Hand out this step's token budget; advance num_computed_tokens of everything scheduled."""
+        self.step += 1
+        budget = self.max_num_batched_tokens
+        block_size = self.block_size
+        allocate_slots = self.kv_cache_manager.allocate_slots
+        # The batch as parallel columns: running requests first, in running order, then new ones.
+        handles: list[int] = []
+        counts: list[int] = []
+        computed: list[int] = []
+        new_block_ids: list[tuple[int, bytes]] = []
+        num_samples = 0
+        preempted = False
+
+        add_handle, add_count, add_computed = handles.append, counts.append, computed.append
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_computed = request.num_computed_tokens
+            num_tokens = len(request.all_token_ids)
+            n = num_tokens - num_computed
+            if n > budget:
+                n = budget
+            # Most decode steps fit in the last block's free room and need no allocation at all.
+            if num_computed + n > len(request.blocks) * block_size:
+                new_blocks = allocate_slots(request, n)
+                if new_blocks is None:
+                    new_blocks, i, lost_samples = self._preempt_for(request, n, i, handles, counts,
+                                                                    computed, new_block_ids)
+                    budget = self.max_num_batched_tokens - sum(counts)
+                    num_samples -= lost_samples
+                    preempted = True
+                    if new_blocks is None:
+                        continue    # it preempted itself; running[i] is now the next request
+                new_block_ids.append((request.req, pack_i32([b.block_id for b in new_blocks])))
+            add_handle(request.req)
+            add_count(n)
+            add_computed(num_computed)
+            # Advanced at schedule time, as vLLM does; a victim taken out of the batch is rolled back.
+            request.num_computed_tokens = num_computed + n
+            if num_computed + n == num_tokens:
+                num_samples += 1
+            budget -= n
+            i += 1
+
+        new_reqs: list[NewRequestData] = []
+        # After a preemption the pool is short: admitting new work would only churn.
+        if not preempted:
+            budget, num_samples = self._schedule_waiting(budget, num_samples, handles, counts, computed,
+                                                         new_reqs)
+
+        total = self.max_num_batched_tokens - budget
+        self._num_expected_samples = num_samples
+        # Drops ride on a step that reaches the executors; an empty step is skipped by the engine loop.
+        dropped = b""
+        if total and self._dropped_reqs:
+            dropped = pack_i64(self._dropped_reqs)
+            self._dropped_reqs = []
+        return SchedulerOutput(
+            step=self.step,
+            new_reqs=new_reqs,
+            reqs=pack_i64(handles),
+            num_scheduled_tokens=pack_i32(counts),
+            num_computed_tokens=pack_i32(computed),
+            new_block_ids=new_block_ids,
+            finished_reqs=dropped,
+            total_num_scheduled_tokens=total,
+        )
+
+    def _schedule_waiting(
+        self,
+        budget: int,
+        num_samples: int,
+        handles: list[int],
+        counts: list[int],
+        computed: list[int],
+        new_reqs: list[NewRequestData],
+    ) -> tuple[int, int]:
+        kv = self.kv_cache_manager
+        waiting = self.waiting
+        running = self.running
+        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+            request = waiting.peek()
+            hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            num_tokens = len(request.all_token_ids)
+            n = min(num_tokens - num_hit_tokens, budget)
+            if kv.allocate_slots(request, n, hit_blocks) is None:
+                break       # head-of-line: later requests wait for blocks too
+            waiting.pop()
+            if request.scheduled_ts is None:
+                request.scheduled_ts = time.monotonic()
+                request.num_cached_tokens = num_hit_tokens
+                self._first_scheduled.append((request.req, num_hit_tokens, request.scheduled_ts))
+            new_reqs.append(self._new_request_data(request, num_hit_tokens))
+            request.status = RUNNING
+            running.append(request)
+            handles.append(request.req)
+            counts.append(n)
+            computed.append(num_hit_tokens)
+            request.num_computed_tokens = num_hit_tokens + n
+            if num_hit_tokens + n == num_tokens:
+                num_samples += 1
+            budget -= n
+        return budget, num_samples
+
+    def _preempt_for(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        index: int,
+        handles: list[int],
+        counts: list[int],
+        computed: list[int],
+        new_block_ids: list[tuple[int, bytes]],
+    ) -> tuple[Sequence[KVCacheBlock] | None, int, int]:
+        """Preempt running requests, lowest priority first, until `request` (running[index]) gets its
+        blocks or is itself the one preempted. A victim this step already scheduled leaves the batch.
+
+        Returns (the new blocks or None, the index of the next request to look at, samples lost)."""
+        running = self.running
+        lost_samples = 0
+        while True:
+            victim = pick_preemption_victim(running, self.policy)
+            if running.index(victim) < index:
+                index -= 1
+            if victim.req in handles:
+                at = handles.index(victim.req)
+                victim.num_computed_tokens = computed[at]
+                lost_samples += computed[at] + counts[at] == len(victim.all_token_ids)
+                for column in (handles, counts, computed):
+                    del column[at]
+                new_block_ids[:] = [entry for entry in new_block_ids if entry[0] != victim.req]
+            self._preempt(victim)
+            if victim is request:
+                return None, index, lost_samples
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            if new_blocks is not None:
+                return new_blocks, index, lost_samples
+
+    def _new_request_data(self, request: Request, num_computed_tokens: int) -> NewRequestData:
+        prompt = request.prompt_token_bytes
+        if prompt is None:
+            prompt = pack_i32(request.prompt_token_ids)
+        return NewRequestData(
+            req=request.req,
+            prompt_token_ids=prompt,
+            output_token_ids=pack_i32(request.output_token_ids) if request.num_output_tokens else b"",
+            params=request.params,
+            eos_token_ids=request.eos_token_ids,
+            block_ids=pack_i32([b.block_id for b in request.blocks]),
+            num_computed_tokens=num_computed_tokens,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        """Free a running request's blocks and queue it for recompute, keeping its tokens."""
+        self.running.remove(request)
+        self.kv_cache_manager.free(request)
+        request.status = PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add_preempted(request)
+        self._dropped_reqs.append(request.req)
+
+    # ------------------------------------------------------------------ results of a step
+    def update_from_output(
+        self,
+        scheduler_output: SchedulerOutput,
+        runner_output: ModelRunnerOutput | None,
+    ) -> EngineOutputs:
+        """Take a step's sampled tokens (None when it scheduled nothing), apply the stop checks, free
+        the finished requests' blocks, and report the step's news with the aborts since the last one."""
+        now = time.monotonic()
+        out_reqs = out_tokens = b""
+        logprobs = prompt_logprobs = []
+        if runner_output is not None:
+            out_reqs, out_tokens = runner_output.reqs, runner_output.sampled_token_ids
+            logprobs, prompt_logprobs = runner_output.logprobs, runner_output.prompt_logprobs
+            if runner_output.step != scheduler_output.step:
+                raise RuntimeError(f"runner output of step {runner_output.step} given for step "
+                                   f"{scheduler_output.step}")
+            gone = self._apply_samples(unpack(out_reqs, HANDLE).tolist(),
+                                       unpack(out_tokens, TOKEN).tolist(), now)
+            if gone:
+                # Requests aborted while their step ran: their tokens are not news any more.
+                keep = [i for i, h in enumerate(unpack(out_reqs, HANDLE).tolist()) if h not in gone]
+                out_reqs = unpack(out_reqs, HANDLE)[keep].tobytes()
+                out_tokens = unpack(out_tokens, TOKEN)[keep].tobytes()
+                logprobs = [lp for lp in logprobs if lp.req not in gone]
+                prompt_logprobs = [lp for lp in prompt_logprobs if lp.req not in gone]
+        elif scheduler_output.total_num_scheduled_tokens:
+            raise RuntimeError(f"step {scheduler_output.step} scheduled tokens but got no runner output")
+
+        outputs = EngineOutputs(
+            reqs=out_reqs,
+            new_token_ids=out_tokens,
+            finished_reqs=pack_i64(self._finished_reqs),
+            finish_reasons=bytes(self._finish_reasons),
+            stop_reasons=self._stop_reasons,
+            first_scheduled=self._first_scheduled,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            timestamp=now,
+            stats=self.make_stats(),
+        )
+        self._finished_reqs, self._finish_reasons, self._stop_reasons = [], [], []
+        self._first_scheduled = []
+        return outputs
+
+    def _apply_samples(self, handles: list[int], tokens: list[int], now: float) -> set[int]:
+        """Append each sampled token and run the stop checks; return the handles no longer known."""
+        if len(handles) != self._num_expected_samples:
+            raise RuntimeError(
+                f"the runner sampled {len(handles)} tokens, but step {self.step} brought "
+                f"{self._num_expected_samples} requests to the end of their known tokens"
+            )
+        requests = self.requests
+        block_size = self.block_size
+        kv = self.kv_cache_manager
+        caching = kv.enable_caching
+        gone: set[int] = set()
+        any_finished = False
+        for handle, token in zip(handles, tokens, strict=True):
+            request = requests.get(handle)
+            if request is None:
+                gone.add(handle)
+                continue
+            if request.first_token_ts is None:
+                request.first_token_ts = now
+            request.last_token_ts = now
+            finished = request.append_token(token)
+            if finished is not None:
+                self._finish(request, finished)
+                any_finished = True
+            elif caching:
+                if len(request.all_token_ids) % block_size == 0:
+                    kv.hash_new_blocks(request)
+                # Blocks this step completed become hits for others now, not at the next allocation.
+                if request.num_computed_tokens >= (request.num_cached_blocks + 1) * block_size:
+                    kv.cache_computed_blocks(request)
+        if any_finished:
+            self.running = [r for r in self.running if r.status is RUNNING]
+        return gone
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """Mark a request finished, free its blocks (tail first) and queue the news; the caller takes it
+        out of `running` (in one pass for all the step's finishes)."""
+        if request.status is RUNNING:
+            self._dropped_reqs.append(request.req)
+        request.status = status
+        self.kv_cache_manager.free(request)
+        del self.requests[request.req]
+        self._finished_reqs.append(request.req)
+        self._finish_reasons.append(FINISH_CODES[status])
+        self._stop_reasons.append(request.stop_reason)
