@@ -10,6 +10,7 @@ tells the frontend which process died and how (EngineDead) before it exits.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -307,6 +308,8 @@ def main() -> int:
         requests.set_peer_check(executors.check)
         outputs.set_peer_check(executors.check)
         core = EngineCore(config, executors)
+        gc.collect()
+        gc.freeze()        # the block pool's objects live forever: keep them out of every GC pass
         outputs.write(codec_out.encode(EngineReady(
             num_blocks=executors.num_blocks, block_size=config.block_size,
             max_model_len=config.max_model_len, pids={"scheduler": os.getpid(), **executors.pids},
