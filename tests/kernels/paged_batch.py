@@ -8,7 +8,7 @@ values, so a kernel that reads a wrong block or a key past seq_len shows up in t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -31,6 +31,10 @@ class PagedBatch:
     def write_new_tokens(self) -> None:
         """Put the new tokens' keys and values in the cache (what a backend does before attending)."""
         write_kv_cache_torch(self.key, self.value, self.key_cache, self.value_cache, self.slot_mapping)
+
+    def to(self, device: str | torch.device) -> PagedBatch:
+        moved = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **{name: tensor.to(device) for name, tensor in moved.items()})
 
     @property
     def kv_cache(self) -> torch.Tensor:
