@@ -1,5 +1,5 @@
-"""Pieces shared by the two paged attention kernels: gathering a KV tile through the block table, one
-online-softmax step, and the checks and dot settings their launchers share.
+"""Pieces shared by the two paged attention kernels: gathering a K/V tile through the block table, one
+online-softmax step, and the checks, tile sizes and dot settings their launchers share.
 
 Scores are kept in base 2 (the softmax scale is pre-multiplied by log2(e)) so the kernels use exp2.
 Masked scores get a large finite negative value rather than -inf, and masked probabilities are zeroed
@@ -21,10 +21,20 @@ MASKED_SCORE = tl.constexpr(-1.0e30)
 
 
 @triton.jit
-def paged_slots(block_table_row, positions, valid, BLOCK_SIZE: tl.constexpr):
-    """Cache block (int64) and offset in it of each key position, read through one request's block table."""
+def load_kv_tile(key_cache_ptr, value_cache_ptr, block_table_row, positions, valid, kv_head,
+                 key_stride_block, key_stride_slot, key_stride_head,
+                 value_stride_block, value_stride_slot, value_stride_head,
+                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Keys (transposed, [HEAD_DIM, N]) and values ([N, HEAD_DIM]) of one KV head at the given positions of
+    one request, found through its block table; invalid positions read as zeros."""
     blocks = tl.load(block_table_row + positions // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-    return blocks, positions % BLOCK_SIZE
+    offsets = positions % BLOCK_SIZE
+    dims = tl.arange(0, HEAD_DIM)
+    k = tl.load(key_cache_ptr + blocks[None, :] * key_stride_block + offsets[None, :] * key_stride_slot
+                + kv_head * key_stride_head + dims[:, None], mask=valid[None, :], other=0.0)
+    v = tl.load(value_cache_ptr + blocks[:, None] * value_stride_block + offsets[:, None] * value_stride_slot
+                + kv_head * value_stride_head + dims[None, :], mask=valid[:, None], other=0.0)
+    return k, v
 
 
 @triton.jit
@@ -95,13 +105,15 @@ class TileConfig(NamedTuple):
     block_n: int        # keys per inner-loop step
     max_rows: int       # cap on the mixed kernel's BLOCK_M
     num_warps: int
+    num_stages: int     # software pipelining depth of the K/V loads
 
 
 def tile_config(dtype: torch.dtype, head_dim: int) -> TileConfig:
-    """Tile sizes under which no variant spills registers on sm_90 (see python -m tools.kernel_resources):
-    16-bit heads up to 128 take 64-key tiles on 4 warps; fp32 and wider heads need smaller tiles."""
+    """Tile sizes under which no variant spills registers on sm_90 with triton 3.6 or 3.9 (see
+    python -m tools.kernel_resources): 16-bit heads up to 128 take 64-key tiles on 4 warps; fp32 and
+    wider heads need smaller tiles. Not yet tuned by measurement on a GPU."""
     if dtype == torch.float32:
-        return TileConfig(block_n=32, max_rows=32, num_warps=8)
+        return TileConfig(block_n=32, max_rows=32, num_warps=8, num_stages=2)
     if head_dim > 128:
-        return TileConfig(block_n=32, max_rows=64, num_warps=8)
-    return TileConfig(block_n=64, max_rows=64, num_warps=4)
+        return TileConfig(block_n=32, max_rows=64, num_warps=8, num_stages=2)
+    return TileConfig(block_n=64, max_rows=64, num_warps=4, num_stages=3)

@@ -24,7 +24,7 @@ from kernels.triton_attention_tiles import (
     attend_tile,
     check_paged_inputs,
     dot_settings,
-    paged_slots,
+    load_kv_tile,
     tile_config,
 )
 
@@ -83,12 +83,9 @@ def _paged_attention_kernel(
     for start in range(0, kv_end, BLOCK_N):
         positions = start + tl.arange(0, BLOCK_N)
         kv_valid = positions < kv_end
-        blocks, offsets = paged_slots(block_table_row, positions, kv_valid, BLOCK_SIZE)
-        k = tl.load(key_cache_ptr + blocks[None, :] * key_stride_block + offsets[None, :] * key_stride_slot
-                    + kv_head * key_stride_head + dims[:, None], mask=kv_valid[None, :], other=0.0)
-        v = tl.load(value_cache_ptr + blocks[:, None] * value_stride_block
-                    + offsets[:, None] * value_stride_slot + kv_head * value_stride_head + dims[None, :],
-                    mask=kv_valid[:, None], other=0.0)
+        k, v = load_kv_tile(key_cache_ptr, value_cache_ptr, block_table_row, positions, kv_valid, kv_head,
+                            key_stride_block, key_stride_slot, key_stride_head,
+                            value_stride_block, value_stride_slot, value_stride_head, HEAD_DIM, BLOCK_SIZE)
         visible = kv_valid[None, :] & (positions[None, :] <= key_limit[:, None])
         m_i, l_i, acc = attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2e, UPCAST_DOT, PRECISION)
 
@@ -145,6 +142,7 @@ def paged_attention_triton(
         block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=tiles.block_n,
-        **dot_settings(_paged_attention_kernel, query.dtype), num_warps=tiles.num_warps, num_stages=2,
+        **dot_settings(_paged_attention_kernel, query.dtype), num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     return out

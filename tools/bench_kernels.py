@@ -24,16 +24,21 @@ from kernels.triton_rms_norm import rms_norm_triton
 from kernels.triton_rotary import rotary_embedding_triton
 
 
-def _median_ms(fn) -> float:
+def _median_ms(fn, *args) -> float:
     import triton.testing
 
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return triton.testing.do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median")
+
+
+def _time_pair(triton_fn, torch_fn, *args) -> tuple[float, float]:
+    """Median milliseconds of the Triton kernel and of its reference on the same arguments."""
+    return _median_ms(triton_fn, *args), _median_ms(torch_fn, *args)
 
 
 def _paged_inputs(query_lens, context_lens, heads, kv_heads, head_dim, dtype, block_size=16):
     """Random inputs of a paged batch on the GPU (contents do not matter for timing)."""
     device = "cuda"
-    seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
     blocks = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(blocks) + 1
     tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32)
@@ -77,46 +82,38 @@ def main() -> int:
     tokens = 4096
     x = torch.randn(tokens, args.hidden, device="cuda", dtype=dtype)
     residual, weight = torch.randn_like(x), torch.randn(args.hidden, device="cuda", dtype=dtype)
-    t = _median_ms(lambda: rms_norm_triton(x, weight, 1e-5, residual))
-    _row(f"rms_norm+residual {tokens}x{args.hidden}", t,
-         _median_ms(lambda: kernels.rms_norm_torch(x, weight, 1e-5, residual)), gbps(4 * x.numel() * size, t))
+    t, ref = _time_pair(rms_norm_triton, kernels.rms_norm_torch, x, weight, 1e-5, residual)
+    _row(f"rms_norm+residual {tokens}x{args.hidden}", t, ref, gbps(4 * x.numel() * size, t))
 
     gate_up = torch.randn(tokens, 2 * args.intermediate, device="cuda", dtype=dtype)
-    t = _median_ms(lambda: silu_and_mul_triton(gate_up))
-    _row(f"silu_and_mul {tokens}x{args.intermediate}", t, _median_ms(lambda: kernels.silu_and_mul_torch(gate_up)),
-         gbps(1.5 * gate_up.numel() * size, t))
+    t, ref = _time_pair(silu_and_mul_triton, kernels.silu_and_mul_torch, gate_up)
+    _row(f"silu_and_mul {tokens}x{args.intermediate}", t, ref, gbps(1.5 * gate_up.numel() * size, t))
 
     table = rope_cos_sin_cache(head_dim, 8192, 500000.0).cuda()
     qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, device="cuda", dtype=dtype)
     query, key = qkv[:, :heads], qkv[:, heads:heads + kv_heads]
     positions = torch.randint(0, 8192, (tokens,), device="cuda")
-    t = _median_ms(lambda: rotary_embedding_triton(positions, query, key, table))
-    _row(f"rotary {tokens} tokens", t, _median_ms(lambda: kernels.rotary_embedding_torch(positions, query, key, table)),
-         gbps(2 * (heads + kv_heads) * tokens * head_dim * size, t))
+    t, ref = _time_pair(rotary_embedding_triton, kernels.rotary_embedding_torch, positions, query, key, table)
+    _row(f"rotary {tokens} tokens", t, ref, gbps(2 * (heads + kv_heads) * tokens * head_dim * size, t))
 
     cache = torch.zeros(2, tokens // 16 + 1, 16, kv_heads, head_dim, device="cuda", dtype=dtype)
     value = qkv[:, heads + kv_heads:]
     slots = torch.randperm(tokens, device="cuda")
-    t = _median_ms(lambda: write_kv_cache_triton(key, value, cache[0], cache[1], slots))
-    _row(f"write_kv_cache {tokens} tokens", t,
-         _median_ms(lambda: kernels.write_kv_cache_torch(key, value, cache[0], cache[1], slots)),
-         gbps(4 * kv_heads * tokens * head_dim * size, t))
+    t, ref = _time_pair(write_kv_cache_triton, kernels.write_kv_cache_torch, key, value, cache[0], cache[1], slots)
+    _row(f"write_kv_cache {tokens} tokens", t, ref, gbps(4 * kv_heads * tokens * head_dim * size, t))
 
     for batch, context in ((1, 32768), (32, 2048), (128, 1024), (256, 4096)):
         q, k_cache, v_cache, _, seq_lens, tables = _paged_inputs([1] * batch, [context - 1] * batch, heads,
                                                                  kv_heads, head_dim, dtype)
-        scale = head_dim ** -0.5
-        t = _median_ms(lambda: paged_decode_attention_triton(q, k_cache, v_cache, seq_lens, tables, scale))
-        ref = _median_ms(lambda: kernels.paged_decode_attention_torch(q, k_cache, v_cache, seq_lens, tables, scale))
+        t, ref = _time_pair(paged_decode_attention_triton, kernels.paged_decode_attention_torch,
+                            q, k_cache, v_cache, seq_lens, tables, head_dim ** -0.5)
         _row(f"decode attention {batch} x {context} ctx", t, ref, gbps(2 * batch * context * kv_heads * head_dim * size, t))
 
     for query_lens, context_lens in (([2048], [0]), ([512] * 4, [4096] * 4), ([1024] + [1] * 64, [0] + [2048] * 64)):
         inputs = _paged_inputs(query_lens, context_lens, heads, kv_heads, head_dim, dtype)
-        scale = head_dim ** -0.5
         # causal work: each query token sees its context plus the new tokens up to itself
-        pairs = sum(q * c + q * (q + 1) / 2 for q, c in zip(query_lens, context_lens))
-        t = _median_ms(lambda: paged_attention_triton(*inputs, scale))
-        ref = _median_ms(lambda: kernels.paged_attention_torch(*inputs, scale))
+        pairs = sum(q * c + q * (q + 1) / 2 for q, c in zip(query_lens, context_lens, strict=True))
+        t, ref = _time_pair(paged_attention_triton, kernels.paged_attention_torch, *inputs, head_dim ** -0.5)
         label = f"mixed attention q={query_lens[:2]}{'...' if len(query_lens) > 2 else ''} ctx={context_lens[:2]}"
         _row(label, t, ref, f"{4 * pairs * heads * head_dim / t / 1e9:8.1f} TFLOP/s")
     return 0

@@ -92,12 +92,15 @@ def _cases():
             torch.zeros(8, dtype=torch.long), qkv[:, :32], qkv[:, 32:40], rope_cos_sin_cache(128, 64, 5e5))),
         ("write_kv_cache bf16 8x128", lambda: write_kv_cache_triton(
             qkv[:, 32:40], qkv[:, 40:], cache, cache, torch.zeros(8, dtype=torch.long))),
+        ("write_kv_cache bf16 1x128", lambda: write_kv_cache_triton(
+            qkv[:, 32:33], qkv[:, 40:41], cache[:, :, :1], cache[:, :, :1], torch.zeros(8, dtype=torch.long))),
         ("paged_attention bf16 32/8x128 prefill", mixed(bf16, 32, 8, 128, 1024, 4)),
         ("paged_attention bf16 32/8x128 decode-heavy", mixed(bf16, 32, 8, 128, 40, 32)),
         ("paged_attention bf16 28/4x128 (group 7)", mixed(bf16, 28, 4, 128, 1024, 4)),
         ("paged_attention fp16 16/16x64", mixed(torch.float16, 16, 16, 64, 1024, 4)),
         ("paged_attention fp32 32/8x128", mixed(torch.float32, 32, 8, 128, 1024, 4)),
         ("paged_attention bf16 16/16x256", mixed(bf16, 16, 16, 256, 1024, 4)),
+        ("paged_attention bf16 8/1x64, one request", mixed(bf16, 8, 1, 64, 300, 1)),
         ("paged_decode_attention bf16 32/8x128", decode(bf16, 32, 8, 128, 64)),
         ("paged_decode_attention bf16 64/8x128", decode(bf16, 64, 8, 128, 64)),
         ("paged_decode_attention fp32 32/8x128", decode(torch.float32, 32, 8, 128, 64)),

@@ -55,7 +55,7 @@ def make_paged_batch(
     seed: int = 0,
 ) -> PagedBatch:
     gen = torch.Generator().manual_seed(seed)
-    seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
     blocks_needed = [-(-s // block_size) for s in seq_lens]
     max_blocks = max(blocks_needed) + 1                   # a spare column of null entries
     num_blocks = 1 + sum(blocks_needed) + 3               # block 0 is the null block; a few never used
@@ -79,7 +79,7 @@ def make_paged_batch(
     write_kv_cache_torch(randn(num_context, num_kv_heads, head_dim), randn(num_context, num_kv_heads, head_dim),
                          key_cache, value_cache, torch.tensor(context_slots, dtype=torch.int64))
 
-    new_slots = [s for r, (c, q) in enumerate(zip(context_lens, query_lens)) for s in slots(r, range(c, c + q))]
+    new_slots = [s for r, (c, q) in enumerate(zip(context_lens, query_lens, strict=True)) for s in slots(r, range(c, c + q))]
     num_tokens = len(new_slots) + padding_tokens
     starts = [0]
     for q in query_lens:

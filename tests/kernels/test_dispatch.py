@@ -74,14 +74,14 @@ def test_elementwise_dispatchers_reach_triton(triton_calls):
     weight = torch.randn(64, generator=gen)
     residual = torch.randn(3, 64, generator=gen)
     for got, want in zip(kernels.rms_norm(x, weight, 1e-6, residual),
-                         kernels.rms_norm_torch(x, weight, 1e-6, residual)):
+                         kernels.rms_norm_torch(x, weight, 1e-6, residual), strict=True):
         assert_close(got, want)
     assert_close(kernels.silu_and_mul(x), kernels.silu_and_mul_torch(x))
     query, key = torch.randn(3, 2, 32, generator=gen), torch.randn(3, 1, 32, generator=gen)
     positions = torch.tensor([0, 5, 9])
     table = rope_cos_sin_cache(32, 16, 1e4)
     for got, want in zip(kernels.rotary_embedding(positions, query, key, table),
-                         kernels.rotary_embedding_torch(positions, query, key, table)):
+                         kernels.rotary_embedding_torch(positions, query, key, table), strict=True):
         assert_close(got, want)
     assert triton_calls == ["rms_norm_triton", "silu_and_mul_triton", "rotary_embedding_triton"]
 

@@ -42,7 +42,8 @@ def test_elementwise_kernels_real_shapes(dtype):
     torch.manual_seed(0)
     x, residual = _cuda_randn(512, 4096, dtype=dtype), _cuda_randn(512, 4096, dtype=dtype)
     weight = _cuda_randn(4096, dtype=dtype)
-    for got, want in zip(rms_norm_triton(x, weight, 1e-5, residual), kernels.rms_norm_torch(x, weight, 1e-5, residual)):
+    for got, want in zip(rms_norm_triton(x, weight, 1e-5, residual),
+                         kernels.rms_norm_torch(x, weight, 1e-5, residual), strict=True):
         _assert_close(got, want)
     gate_up = _cuda_randn(512, 2 * 14336, dtype=dtype)
     _assert_close(silu_and_mul_triton(gate_up), kernels.silu_and_mul_torch(gate_up))
@@ -53,7 +54,7 @@ def test_elementwise_kernels_real_shapes(dtype):
     query, key = qkv[:, :HEADS], qkv[:, HEADS:HEADS + KV_HEADS]
     positions = torch.randint(0, 32768, (512,), device="cuda")
     for got, want in zip(rotary_embedding_triton(positions, query, key, table),
-                         kernels.rotary_embedding_torch(positions, query, key, table)):
+                         kernels.rotary_embedding_torch(positions, query, key, table), strict=True):
         _assert_close(got, want)
 
 
