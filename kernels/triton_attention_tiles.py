@@ -90,8 +90,8 @@ def check_paged_inputs(
     num_kv_heads = key_cache.shape[2]
     if key_cache.shape[3] != head_dim:
         raise ValueError(f"{name}: query head_dim {head_dim} differs from the cache's {key_cache.shape[3]}")
-    if head_dim not in (16, 32, 64, 128, 256):
-        raise ValueError(f"{name}: head_dim {head_dim} is not supported (16, 32, 64, 128, 256)")
+    if head_dim not in (32, 64, 128, 256):
+        raise ValueError(f"{name}: head_dim {head_dim} is not supported (32, 64, 128, 256)")
     if num_heads % num_kv_heads:
         raise ValueError(f"{name}: {num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
     if block_tables.dim() != 2 or block_tables.shape[0] != seq_lens.shape[0]:

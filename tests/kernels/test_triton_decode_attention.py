@@ -19,6 +19,7 @@ CASES = {
     "gqa4-bf16": ([33, 129], 8, 2, 64, 16, torch.bfloat16, 3),
     "gqa8-block8-fp16": ([65, 9], 8, 1, 32, 8, torch.float16, 2),
     "head-dim-128": ([40, 97], 2, 1, 128, 16, torch.bfloat16, 2),
+    "head-dim-256": ([50], 2, 2, 256, 16, torch.float16, 2),
     "default-splits": ([200], 1, 1, 32, 16, torch.float32, None),
 }
 

@@ -21,6 +21,7 @@ CASES = {
     "block-size-8-fp16": ([20, 1], [12, 33], 4, 1, 32, 8, torch.float16),
     "head-dim-128-bf16": ([6, 1], [10, 20], 2, 1, 128, 16, torch.bfloat16),
     "group-3": ([7, 1], [5, 9], 6, 2, 32, 16, torch.float32),    # like Qwen's group of 7: not a power of two
+    "head-dim-256": ([5, 1], [3, 40], 2, 1, 256, 16, torch.float32),
 }
 
 
