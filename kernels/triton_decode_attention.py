@@ -140,7 +140,7 @@ def paged_decode_attention_triton(
         raise ValueError(f"paged_decode_attention: seq_lens has shape {tuple(seq_lens.shape)}, expected "
                          f"({num_seqs},): one query token per request")
     if out is None:
-        out = torch.empty_like(query)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     elif out.shape != query.shape or out.stride(-1) != 1:
         raise ValueError(f"paged_decode_attention: out must be {tuple(query.shape)} with a contiguous last "
                          "dimension")

@@ -120,7 +120,7 @@ def paged_attention_triton(
         raise ValueError(f"paged_attention: query_start_loc has shape {tuple(query_start_loc.shape)}, "
                          f"expected ({num_seqs + 1},) for {num_seqs} requests")
     if out is None:
-        out = torch.empty_like(query)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     elif out.shape != query.shape or out.stride(-1) != 1:
         raise ValueError(f"paged_attention: out must be {tuple(query.shape)} with a contiguous last dimension")
     num_tokens, num_heads, head_dim = query.shape

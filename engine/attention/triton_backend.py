@@ -34,7 +34,7 @@ class TritonAttention(AttentionBackend):
             )
         # pure decode: request r's token is row r (query_start_loc is 0..R); rows past R are padding
         num_seqs = metadata.seq_lens.shape[0]
-        out = torch.empty_like(query)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if query.shape[0] > num_seqs:
             out[num_seqs:].zero_()
         paged_decode_attention_triton(

@@ -85,3 +85,15 @@ def test_query_start_loc_of_wrong_length_is_rejected():
     with pytest.raises(ValueError, match="query_start_loc"):
         paged_attention_triton(torch.zeros(4, 2, 32), cache, cache, torch.tensor([0, 2, 4], dtype=torch.int32),
                                torch.tensor([4], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32), 1.0)
+
+
+def test_query_with_permuted_strides_gets_a_contiguous_output():
+    # a dense query whose last dimension is not the fastest one: the output must still be laid out [T, Hq, D]
+    batch = make_paged_batch([6], [10], num_heads=2, num_kv_heads=1, head_dim=32)
+    batch.write_new_tokens()
+    permuted = batch.query.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    args = (batch.key_cache, batch.value_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
+            batch.scale)
+    out = paged_attention_triton(permuted, *args)
+    assert out.is_contiguous()
+    assert_close(out, paged_attention_torch(batch.query, *args))
