@@ -2,7 +2,8 @@
 
 The functions here dispatch on the tensor's device: a CUDA tensor goes to the Triton kernel when one is
 available (set RINGSERVE_KERNELS=torch to force the references), anything else to the reference. The
-signatures of each pair are identical; tests compare them over grids of shapes.
+signatures of each pair are identical; tests compare them over grids of shapes. The Triton modules
+(kernels/triton_*.py) are imported only when a CUDA tensor first arrives, so CPU runs never import triton.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from kernels.rms_norm import rms_norm_torch
 from kernels.rotary import rope_cos_sin_cache, rotary_embedding_torch
 
 __all__ = [
+    "paged_attention",
     "paged_attention_torch",
+    "paged_decode_attention",
     "paged_decode_attention_torch",
     "rms_norm",
     "rms_norm_torch",
@@ -52,16 +55,52 @@ def _triton_ok() -> bool:
 
 
 def rms_norm(x, weight, eps: float, residual=None):
+    if use_triton(x):
+        from kernels.triton_rms_norm import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps, residual)
     return rms_norm_torch(x, weight, eps, residual)
 
 
 def silu_and_mul(x):
+    if use_triton(x):
+        from kernels.triton_activation import silu_and_mul_triton
+
+        return silu_and_mul_triton(x)
     return silu_and_mul_torch(x)
 
 
 def rotary_embedding(positions, query, key, cos_sin_cache):
+    if use_triton(query):
+        from kernels.triton_rotary import rotary_embedding_triton
+
+        return rotary_embedding_triton(positions, query, key, cos_sin_cache)
     return rotary_embedding_torch(positions, query, key, cos_sin_cache)
 
 
 def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
-    write_kv_cache_torch(key, value, key_cache, value_cache, slot_mapping)
+    if use_triton(key):
+        from kernels.triton_kv_cache import write_kv_cache_triton
+
+        write_kv_cache_triton(key, value, key_cache, value_cache, slot_mapping)
+    else:
+        write_kv_cache_torch(key, value, key_cache, value_cache, slot_mapping)
+
+
+def paged_attention(query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale: float,
+                    out=None):
+    if use_triton(query):
+        from kernels.triton_paged_attention import paged_attention_triton
+
+        return paged_attention_triton(query, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
+                                      scale, out)
+    return paged_attention_torch(query, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
+                                 scale, out)
+
+
+def paged_decode_attention(query, key_cache, value_cache, seq_lens, block_tables, scale: float):
+    if use_triton(query):
+        from kernels.triton_decode_attention import paged_decode_attention_triton
+
+        return paged_decode_attention_triton(query, key_cache, value_cache, seq_lens, block_tables, scale)
+    return paged_decode_attention_torch(query, key_cache, value_cache, seq_lens, block_tables, scale)

@@ -1,7 +1,8 @@
 """Shared test fixtures and marker handling.
 
 `gpu` tests are skipped without CUDA; `slow` tests are deselected by default (pyproject's addopts).
-Tests that need ../shared (real tokenizers and configs) skip cleanly when it is absent.
+Tests that need ../shared (real tokenizers and configs) skip cleanly when it is absent. Without CUDA the
+Triton kernels run under Triton's interpreter, which must be chosen before any kernel module is imported.
 """
 
 from __future__ import annotations
@@ -15,14 +16,22 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RINGSERVE_SHARED", REPO.parent / "shared"))
 
 
-def pytest_collection_modifyitems(config, items):
+def _has_cuda() -> bool:
     try:
         import torch
 
-        has_cuda = torch.cuda.is_available()
+        return torch.cuda.is_available()
     except ImportError:
-        has_cuda = False
-    if has_cuda:
+        return False
+
+
+HAS_CUDA = _has_cuda()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
