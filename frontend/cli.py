@@ -13,7 +13,9 @@ import click
 
 COMMANDS: dict[str, str] = {}
 
-BENCH_COMMANDS: dict[str, str] = {}
+BENCH_COMMANDS: dict[str, str] = {
+    "serve": "tools.bench_serve:cli",
+}
 
 
 class LazyGroup(click.Group):
