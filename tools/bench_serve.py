@@ -119,9 +119,11 @@ async def run_benchmark(
     limits = httpx.Limits(max_connections=settings.max_concurrency, max_keepalive_connections=settings.max_concurrency)
     timeout = httpx.Timeout(settings.request_timeout_s, pool=None)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout, trust_env=False) as client:
-        model = settings.model or await first_served_model(client, base_url)
+        model, model_root = settings.model, None
+        if model is None:
+            model, model_root = await first_served_model(client, base_url)
         if tokenizer is None and (requests is None or settings.tokenizer):
-            tokenizer = load_bench_tokenizer(settings.tokenizer, model)
+            tokenizer = load_bench_tokenizer(settings.tokenizer or model_root, model)
         if requests is None:
             requests = sample_requests(
                 tokenizer, settings.num_prompts, settings.random_input_len, settings.random_output_len,
@@ -226,13 +228,16 @@ async def _warm_up(send, num_warmups: int, max_concurrency: int | None) -> None:
     await asyncio.gather(*(one() for _ in range(num_warmups)))
 
 
-async def first_served_model(client: httpx.AsyncClient, base_url: str) -> str:
-    """The id of the first model the server lists at /v1/models."""
+async def first_served_model(client: httpx.AsyncClient, base_url: str) -> tuple[str, str | None]:
+    """The id of the first model the server lists at /v1/models, and its `root` (vLLM puts the model's
+    path there) when that is a local directory, to find the tokenizer."""
     try:
         response = await client.get(base_url + "/v1/models")
         response.raise_for_status()
-        return response.json()["data"][0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        entry = response.json()["data"][0]
+        root = entry.get("root")
+        return entry["id"], root if isinstance(root, str) and os.path.isdir(root) else None
+    except (httpx.HTTPError, KeyError, IndexError, ValueError, AttributeError) as e:
         raise BenchError(f"cannot read the served model from {base_url}/v1/models ({e}); pass --model") from None
 
 
@@ -243,7 +248,7 @@ def load_bench_tokenizer(path: str | None, model: str):
 
     path = path or (model if os.path.isdir(model) else None)
     if path is None:
-        raise BenchError(f"no tokenizer: --model {model!r} is not a local directory; pass --tokenizer PATH")
+        raise BenchError(f"no tokenizer: the model {model!r} is not a local directory; pass --tokenizer PATH")
     return load_tokenizer(EngineConfig(tokenizer=path))
 
 

@@ -2,8 +2,8 @@
 
 It runs a raw asyncio HTTP/1.1 server on a free loopback port in a background thread and records, per
 request, when it arrived and when each token chunk was written (time.perf_counter(), the clock the client
-uses too), plus the most requests it ever had in flight. A request's behaviour is chosen by a
-`mode=NAME` word in its prompt:
+uses too; stamped just before the write, so a client receipt is never earlier), plus the most requests
+it ever had in flight. A request's behaviour is chosen by a `mode=NAME` word in its prompt:
 
   ok (default)   first token after ttft_ms, then one token chunk every itl_ms, usage, [DONE]
   slow           as ok, but the first token after slow_ttft_ms
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 TOKEN_TEXT = " hello"
 EARLY_TOKENS = 2                                   # tokens sent before error_event / drop strike
-MODELS_BODY = json.dumps({"object": "list", "data": [{"id": "stub-model", "object": "model"}]}).encode()
+MODEL_NAME = "stub-model"
 
 
 @dataclass
@@ -44,7 +44,7 @@ class StubRequest:
 
 class StubOpenAIServer:
     def __init__(self, ttft_ms: float = 50.0, itl_ms: float = 10.0, slow_ttft_ms: float = 250.0,
-                 done_delay_ms: float = 0.0):
+                 done_delay_ms: float = 0.0, port: int = 0, model_root: str | None = None):
         self.ttft_s = ttft_ms / 1000.0
         self.itl_s = itl_ms / 1000.0
         self.slow_ttft_s = slow_ttft_ms / 1000.0
@@ -52,7 +52,10 @@ class StubOpenAIServer:
         self.requests: list[StubRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0
-        self.port = 0
+        self.port = port
+        self.models_body = json.dumps(
+            {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "root": model_root}]}
+        ).encode()
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
 
@@ -79,7 +82,7 @@ class StubOpenAIServer:
 
     def _serve(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", 0))
+        server = self._loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", self.port))
         self.port = server.sockets[0].getsockname()[1]
         ready.set()
         self._loop.run_forever()
@@ -100,7 +103,7 @@ class StubOpenAIServer:
                 headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines if h)}
                 body = await reader.readexactly(int(headers.get("content-length", 0)))
                 if method == "GET" and path == "/v1/models":
-                    self._reply(writer, 200, MODELS_BODY)
+                    self._reply(writer, 200, self.models_body)
                 elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
                     if not await self._completion(writer, json.loads(body), chat="chat" in path):
                         return
@@ -159,8 +162,10 @@ class StubOpenAIServer:
                 return False
             finish = "length" if i == num_tokens - 1 else None
             choice = {"index": 0, "delta": {"content": TOKEN_TEXT}} if chat else {"index": 0, "text": TOKEN_TEXT}
-            event({"object": "chunk", "choices": [{**choice, "finish_reason": finish}]})
+            # stamped before the write: the client thread may run and stamp its receipt before this
+            # thread resumes after it
             request.send_times.append(time.perf_counter())
+            event({"object": "chunk", "choices": [{**choice, "finish_reason": finish}]})
         if mode not in ("no_usage", "error_event"):
             prompt_tokens = len(request.prompt.split())
             event({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": num_tokens,
