@@ -27,14 +27,14 @@ ERROR_BODY_CHARS = 300
 class RequestRecord:
     """What the client saw of one request; times are time.perf_counter() seconds."""
 
-    prompt_len: int                                       # the server's usage.prompt_tokens when it sends one
-    start_time: float = 0.0                               # when the request was sent
+    prompt_len: int  # the server's usage.prompt_tokens when it sends one
+    start_time: float = 0.0  # when the request was sent
     token_times: list[float] = field(default_factory=list)  # arrival of each token chunk
-    output_tokens: int = 0                                # usage.completion_tokens; 0 = not reported
+    output_tokens: int = 0  # usage.completion_tokens; 0 = not reported
     generated_text: str = ""
     success: bool = False
     error: str = ""
-    queue_time: float = 0.0                               # spent waiting for a --max-concurrency slot
+    queue_time: float = 0.0  # spent waiting for a --max-concurrency slot
 
     @property
     def ttft(self) -> float:
@@ -57,7 +57,7 @@ def build_payload(
         body["prompt"] = prompt
     body.update(max_tokens=max_tokens, stream=True, stream_options={"include_usage": True})
     if ignore_eos:
-        body["ignore_eos"] = True             # vLLM's extension; ringserve reads it too
+        body["ignore_eos"] = True  # vLLM's extension; ringserve reads it too
     if extra_body:
         body.update(extra_body)
     return orjson.dumps(body)
@@ -82,7 +82,9 @@ async def send_request(
     return record
 
 
-async def _stream(client: httpx.AsyncClient, url: str, payload: bytes, chat: bool, record: RequestRecord) -> None:
+async def _stream(
+    client: httpx.AsyncClient, url: str, payload: bytes, chat: bool, record: RequestRecord
+) -> None:
     token_times = record.token_times
     texts: list[str] = []
     done = False
@@ -99,7 +101,7 @@ async def _stream(client: httpx.AsyncClient, url: str, payload: bytes, chat: boo
             *lines, buffer = (buffer + data).split(b"\n")
             for line in lines:
                 if not line.startswith(b"data:"):
-                    continue                       # blank separators, comments (pings), event: fields
+                    continue  # blank separators, comments (pings), event: fields
                 body = line[5:].strip()
                 if body == b"[DONE]":
                     done = True
@@ -115,7 +117,7 @@ async def _stream(client: httpx.AsyncClient, url: str, payload: bytes, chat: boo
                         delta = choice.get("delta") or {}
                         text = delta.get("content")
                         if not text and "role" in delta and choice.get("finish_reason") is None:
-                            continue               # the role preamble: no token yet
+                            continue  # the role preamble: no token yet
                     else:
                         text = choice.get("text")
                     token_times.append(now)

@@ -26,8 +26,8 @@ MAX_FIT_ROUNDS = 10
 @dataclass(slots=True)
 class SampleRequest:
     prompt: str
-    prompt_len: int                  # tokens as the server counts them (with the tokenizer's special tokens)
-    expected_output_len: int         # the request's max_tokens
+    prompt_len: int  # tokens as the server counts them (with the tokenizer's special tokens)
+    expected_output_len: int  # the request's max_tokens
 
 
 def length_range(mean: int, range_ratio: float) -> tuple[int, int]:
@@ -83,16 +83,24 @@ def sample_requests(
     for n_in, n_out in zip(input_lens.tolist(), output_lens.tolist(), strict=True):
         # a suffix whose first token merges with the prefix's last would share one token less: redraw it
         for _ in range(MAX_FIT_ROUNDS):
-            text, ids = fit_prompt(tokenizer, prefix_text, _random_ids(rng, allowed, n_in), prefix_len + n_in,
-                                   rng, allowed)
+            text, ids = fit_prompt(
+                tokenizer, prefix_text, _random_ids(rng, allowed, n_in), prefix_len + n_in, rng, allowed
+            )
             if ids[:prefix_len] == prefix_ids:
                 break
-        requests.append(SampleRequest(prompt=text, prompt_len=len(ids) + num_special, expected_output_len=n_out))
+        requests.append(
+            SampleRequest(prompt=text, prompt_len=len(ids) + num_special, expected_output_len=n_out)
+        )
     return requests
 
 
 def fit_prompt(
-    tokenizer, head: str, suffix_ids: list[int], target_len: int, rng: np.random.Generator, allowed: np.ndarray
+    tokenizer,
+    head: str,
+    suffix_ids: list[int],
+    target_len: int,
+    rng: np.random.Generator,
+    allowed: np.ndarray,
 ) -> tuple[str, list[int]]:
     """head + decode(suffix_ids), with the suffix trimmed or extended until the whole text encodes to
     target_len tokens (without special tokens). Returns the text and its token ids, which after

@@ -37,7 +37,7 @@ class MetricStats:
     mean: float
     median: float
     std: float
-    percentiles: list[tuple[float, float]]     # (percentile, value)
+    percentiles: list[tuple[float, float]]  # (percentile, value)
 
     @classmethod
     def of(cls, seconds: np.ndarray, percentiles: list[float]) -> MetricStats:
@@ -60,19 +60,19 @@ class BenchResult:
     total_input_tokens: int
     total_output_tokens: int
     request_throughput: float
-    request_goodput: float | None              # None without --goodput
+    request_goodput: float | None  # None without --goodput
     output_throughput: float
     total_token_throughput: float
-    max_output_tokens_per_s: float             # peak of token chunks per one-second bucket
+    max_output_tokens_per_s: float  # peak of token chunks per one-second bucket
     max_concurrent_requests: int
-    stats: dict[str, MetricStats]              # "ttft", "tpot", "itl", "e2el"
+    stats: dict[str, MetricStats]  # "ttft", "tpot", "itl", "e2el"
     # per request, in dispatch order (failed requests included, their output_lens 0)
     input_lens: list[int]
     output_lens: list[int]
     ttfts: list[float]
     itls: list[list[float]]
     latencies: list[float]
-    start_times: list[float]                   # seconds after the benchmark started
+    start_times: list[float]  # seconds after the benchmark started
     queue_times: list[float]
     generated_texts: list[str]
     errors: list[str]
@@ -84,9 +84,17 @@ class BenchResult:
     def to_dict(self) -> dict:
         out = dict(self.run_info)
         for key in (
-            "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
-            "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
-            "max_output_tokens_per_s", "max_concurrent_requests",
+            "duration",
+            "completed",
+            "failed",
+            "total_input_tokens",
+            "total_output_tokens",
+            "request_throughput",
+            "request_goodput",
+            "output_throughput",
+            "total_token_throughput",
+            "max_output_tokens_per_s",
+            "max_concurrent_requests",
         ):
             out[key] = getattr(self, key)
         for name, stat in self.stats.items():
@@ -96,8 +104,15 @@ class BenchResult:
             for p, value in stat.percentiles:
                 out[f"p{percentile_word(p)}_{name}_ms"] = value
         for key in (
-            "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times",
-            "generated_texts", "errors",
+            "input_lens",
+            "output_lens",
+            "ttfts",
+            "itls",
+            "latencies",
+            "start_times",
+            "queue_times",
+            "generated_texts",
+            "errors",
         ):
             out[key] = getattr(self, key)
         return out
@@ -218,7 +233,7 @@ def _peaks(records: list[RequestRecord]) -> tuple[float, int]:
     ends = starts + np.array([r.latency for r in records])
     times = np.concatenate([starts, ends])
     deltas = np.concatenate([np.ones(len(starts), np.int64), -np.ones(len(ends), np.int64)])
-    order = np.lexsort((deltas, times))         # at equal times, a departure before an arrival
+    order = np.lexsort((deltas, times))  # at equal times, a departure before an arrival
     return peak_tokens, int(np.cumsum(deltas[order]).max())
 
 

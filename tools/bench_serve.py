@@ -41,20 +41,20 @@ class BenchError(RuntimeError):
 @dataclass(slots=True, kw_only=True)
 class BenchSettings:
     base_url: str = "http://127.0.0.1:8000"
-    model: str | None = None                   # None: the first model the server lists at /v1/models
-    served_model_name: str | None = None       # the name sent in requests, when it differs from model
-    endpoint: str = "completions"              # completions | chat
-    tokenizer: str | None = None               # local directory; default: model, when it is a directory
-    dataset: str = "random"                    # random | prefix
+    model: str | None = None  # None: the first model the server lists at /v1/models
+    served_model_name: str | None = None  # the name sent in requests, when it differs from model
+    endpoint: str = "completions"  # completions | chat
+    tokenizer: str | None = None  # local directory; default: model, when it is a directory
+    dataset: str = "random"  # random | prefix
     num_prompts: int = 1000
     random_input_len: int = 1024
     random_output_len: int = 128
     random_range_ratio: float = 0.0
-    prefix_len: int = 0                        # shared prefix tokens; the prefix dataset needs > 0
-    request_rate: float = math.inf             # requests/s; inf sends all at once
-    burstiness: float = 1.0                    # gamma shape of the gaps; 1 is Poisson
+    prefix_len: int = 0  # shared prefix tokens; the prefix dataset needs > 0
+    request_rate: float = math.inf  # requests/s; inf sends all at once
+    burstiness: float = 1.0  # gamma shape of the gaps; 1 is Poisson
     max_concurrency: int | None = None
-    ignore_eos: bool = True                    # vLLM forces it for synthetic data, so lengths hold
+    ignore_eos: bool = True  # vLLM forces it for synthetic data, so lengths hold
     seed: int = 0
     metric_percentiles: list[float] = field(default_factory=lambda: [99.0])
     percentile_metrics: list[str] = field(default_factory=lambda: list(METRICS))
@@ -63,7 +63,7 @@ class BenchSettings:
     disable_tqdm: bool = False
     api_key: str | None = None
     request_timeout_s: float = 6 * 3600.0
-    ready_check_timeout_s: float = 600.0       # how long to wait for a server that is still starting
+    ready_check_timeout_s: float = 600.0  # how long to wait for a server that is still starting
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINT_PATHS:
@@ -89,7 +89,9 @@ class BenchSettings:
         parse_goodput([f"{k}:{v}" for k, v in self.goodput.items()])  # validates names and values
 
 
-def arrival_offsets(num_requests: int, request_rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+def arrival_offsets(
+    num_requests: int, request_rate: float, burstiness: float, rng: np.random.Generator
+) -> np.ndarray:
     """Send times in seconds after the start, as vLLM draws them: gamma gaps of mean 1/rate (shape
     `burstiness`; 1 is a Poisson process, inf is evenly spaced), rescaled so the last request goes out
     at exactly num_requests / rate. An infinite rate sends everything at once."""
@@ -116,7 +118,9 @@ async def run_benchmark(
     headers = {"Content-Type": "application/json"}
     if settings.api_key:
         headers["Authorization"] = f"Bearer {settings.api_key}"
-    limits = httpx.Limits(max_connections=settings.max_concurrency, max_keepalive_connections=settings.max_concurrency)
+    limits = httpx.Limits(
+        max_connections=settings.max_concurrency, max_keepalive_connections=settings.max_concurrency
+    )
     timeout = httpx.Timeout(settings.request_timeout_s, pool=None)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout, trust_env=False) as client:
         model, model_root = settings.model, None
@@ -126,8 +130,13 @@ async def run_benchmark(
             tokenizer = load_bench_tokenizer(settings.tokenizer or model_root, model)
         if requests is None:
             requests = sample_requests(
-                tokenizer, settings.num_prompts, settings.random_input_len, settings.random_output_len,
-                settings.random_range_ratio, settings.prefix_len, settings.seed,
+                tokenizer,
+                settings.num_prompts,
+                settings.random_input_len,
+                settings.random_output_len,
+                settings.random_range_ratio,
+                settings.prefix_len,
+                settings.seed,
             )
         if not requests:
             raise BenchError("no requests to send")
@@ -140,7 +149,9 @@ async def run_benchmark(
         ]
 
         async def send(i: int) -> RequestRecord:
-            return await send_request(client, url, payloads[i], requests[i].prompt_len, chat, settings.request_timeout_s)
+            return await send_request(
+                client, url, payloads[i], requests[i].prompt_len, chat, settings.request_timeout_s
+            )
 
         await _first_request(send, url, settings.ready_check_timeout_s)
         await _warm_up(send, settings.num_warmups, settings.max_concurrency)
@@ -148,13 +159,17 @@ async def run_benchmark(
         rng = np.random.default_rng([settings.seed, 1])  # its own stream, apart from the dataset's
         offsets = arrival_offsets(len(requests), settings.request_rate, settings.burstiness, rng)
         gc.collect()
-        gc.freeze()                                  # no collector pauses over the run's long-lived objects
+        gc.freeze()  # no collector pauses over the run's long-lived objects
         try:
-            records, start, duration = await _dispatch(send, offsets, settings.max_concurrency, settings.disable_tqdm)
+            records, start, duration = await _dispatch(
+                send, offsets, settings.max_concurrency, settings.disable_tqdm
+            )
         finally:
             gc.unfreeze()
 
-    result = calculate_metrics(records, duration, start, tokenizer, settings.metric_percentiles, settings.goodput)
+    result = calculate_metrics(
+        records, duration, start, tokenizer, settings.metric_percentiles, settings.goodput
+    )
     result.percentile_metrics = list(settings.percentile_metrics)
     result.run_info = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -238,7 +253,9 @@ async def first_served_model(client: httpx.AsyncClient, base_url: str) -> tuple[
         root = entry.get("root")
         return entry["id"], root if isinstance(root, str) and os.path.isdir(root) else None
     except (httpx.HTTPError, KeyError, IndexError, ValueError, AttributeError) as e:
-        raise BenchError(f"cannot read the served model from {base_url}/v1/models ({e}); pass --model") from None
+        raise BenchError(
+            f"cannot read the served model from {base_url}/v1/models ({e}); pass --model"
+        ) from None
 
 
 def load_bench_tokenizer(path: str | None, model: str):
@@ -256,38 +273,62 @@ def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"percentiles must be comma-separated numbers (e.g. 50,90,99), got {text!r}") from None
+        raise ValueError(
+            f"percentiles must be comma-separated numbers (e.g. 50,90,99), got {text!r}"
+        ) from None
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--base-url", default="http://127.0.0.1:8000", show_default=True, help="The server's base URL.")
-@click.option("--model", default=None, help="Model name sent in requests (default: the server's first model).")
+@click.option(
+    "--model", default=None, help="Model name sent in requests (default: the server's first model)."
+)
 @click.option("--served-model-name", default=None, help="Name sent in requests when --model is a path.")
 @click.option("--endpoint", type=click.Choice(list(ENDPOINT_PATHS)), default="completions", show_default=True)
-@click.option("--tokenizer", default=None, help="Local tokenizer directory (default: --model if a directory).")
+@click.option(
+    "--tokenizer", default=None, help="Local tokenizer directory (default: --model if a directory)."
+)
 @click.option("--dataset-name", "dataset", type=click.Choice(DATASETS), default="random", show_default=True)
 @click.option("--num-prompts", default=1000, show_default=True, type=int)
 @click.option("--random-input-len", "--input-len", default=1024, show_default=True, type=int)
 @click.option("--random-output-len", "--output-len", default=128, show_default=True, type=int)
 @click.option("--random-range-ratio", default=0.0, show_default=True, type=float)
-@click.option("--prefix-len", "--random-prefix-len", default=0, show_default=True, type=int,
-              help="Tokens of one prefix shared by every prompt (the prefix dataset needs > 0).")
-@click.option("--request-rate", default="inf", show_default=True, type=float, help="Requests/s; inf: all at once.")
+@click.option(
+    "--prefix-len",
+    "--random-prefix-len",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Tokens of one prefix shared by every prompt (the prefix dataset needs > 0).",
+)
+@click.option(
+    "--request-rate", default="inf", show_default=True, type=float, help="Requests/s; inf: all at once."
+)
 @click.option("--burstiness", default=1.0, show_default=True, type=float, help="Gamma shape of arrival gaps.")
 @click.option("--max-concurrency", default=None, type=int, help="Most requests in flight at once.")
-@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
-              help="Send ignore_eos so outputs run to their length (vLLM's default for synthetic data).")
+@click.option(
+    "--ignore-eos/--no-ignore-eos",
+    default=True,
+    show_default=True,
+    help="Send ignore_eos so outputs run to their length (vLLM's default for synthetic data).",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--metric-percentiles", "--percentiles", default="99", show_default=True, help="E.g. 50,90,99.")
 @click.option("--percentile-metrics", default=",".join(METRICS), show_default=True)
-@click.option("--goodput", multiple=True, help="SLOs as NAME:MS (ttft, tpot, e2el); repeat or space-separate.")
+@click.option(
+    "--goodput", multiple=True, help="SLOs as NAME:MS (ttft, tpot, e2el); repeat or space-separate."
+)
 @click.option("--warmup", "--num-warmups", "num_warmups", default=0, show_default=True, type=int)
 @click.option("--disable-tqdm", is_flag=True)
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None, help="Bearer token [env: OPENAI_API_KEY].")
 @click.option("--request-timeout", "request_timeout_s", default=6 * 3600.0, type=float, show_default=True)
-@click.option("--ready-check-timeout-sec", "ready_check_timeout_s", default=600.0, type=float, show_default=True)
+@click.option(
+    "--ready-check-timeout-sec", "ready_check_timeout_s", default=600.0, type=float, show_default=True
+)
 @click.option("--result-json", type=click.Path(dir_okay=False), default=None, help="Write every figure here.")
-def cli(result_json: str | None, metric_percentiles: str, percentile_metrics: str, goodput, **options) -> None:
+def cli(
+    result_json: str | None, metric_percentiles: str, percentile_metrics: str, goodput, **options
+) -> None:
     """Benchmark an OpenAI-compatible server with vLLM's serving metrics."""
     try:
         settings = BenchSettings(

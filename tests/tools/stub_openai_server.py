@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 TOKEN_TEXT = " hello"
-EARLY_TOKENS = 2                                   # tokens sent before error_event / drop strike
+EARLY_TOKENS = 2  # tokens sent before error_event / drop strike
 MODEL_NAME = "stub-model"
 
 
@@ -43,8 +43,15 @@ class StubRequest:
 
 
 class StubOpenAIServer:
-    def __init__(self, ttft_ms: float = 50.0, itl_ms: float = 10.0, slow_ttft_ms: float = 250.0,
-                 done_delay_ms: float = 0.0, port: int = 0, model_root: str | None = None):
+    def __init__(
+        self,
+        ttft_ms: float = 50.0,
+        itl_ms: float = 10.0,
+        slow_ttft_ms: float = 250.0,
+        done_delay_ms: float = 0.0,
+        port: int = 0,
+        model_root: str | None = None,
+    ):
         self.ttft_s = ttft_ms / 1000.0
         self.itl_s = itl_ms / 1000.0
         self.slow_ttft_s = slow_ttft_ms / 1000.0
@@ -100,7 +107,9 @@ class StubOpenAIServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 request_line, *header_lines = head.decode().split("\r\n")
                 method, path, _ = request_line.split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines if h)}
+                headers = {
+                    k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines if h)
+                }
                 body = await reader.readexactly(int(headers.get("content-length", 0)))
                 if method == "GET" and path == "/v1/models":
                     self._reply(writer, 200, self.models_body)
@@ -111,23 +120,22 @@ class StubOpenAIServer:
                     self._reply(writer, 404, b'{"error": {"message": "no such route"}}')
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
-            return                                 # the client closed the connection
+            return  # the client closed the connection
         finally:
             writer.close()
 
     @staticmethod
     def _reply(writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
-        writer.write(
-            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+        head = f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body)
 
     async def _completion(self, writer: asyncio.StreamWriter, body: dict, chat: bool) -> bool:
         """Serve one streamed request; False when the connection was cut."""
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
         match = re.search(r"mode=(\w+)", prompt)
-        request = StubRequest(mode=match.group(1) if match else "ok", prompt=prompt, body=body,
-                              arrival=time.perf_counter())
+        request = StubRequest(
+            mode=match.group(1) if match else "ok", prompt=prompt, body=body, arrival=time.perf_counter()
+        )
         self.requests.append(request)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -136,12 +144,16 @@ class StubOpenAIServer:
         finally:
             self.in_flight -= 1
 
-    async def _stream(self, writer: asyncio.StreamWriter, request: StubRequest, num_tokens: int, chat: bool) -> bool:
+    async def _stream(
+        self, writer: asyncio.StreamWriter, request: StubRequest, num_tokens: int, chat: bool
+    ) -> bool:
         mode = request.mode
         if mode == "http500":
             self._reply(writer, 500, b'{"error": {"message": "stub failure", "type": "InternalServerError"}}')
             return True
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
 
         def event(payload: dict | str) -> None:
             data = payload if isinstance(payload, str) else json.dumps(payload)
@@ -149,7 +161,13 @@ class StubOpenAIServer:
             writer.write(b"%x\r\n%s\r\n" % (len(line), line))
 
         if chat:
-            event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+            event(
+                {
+                    "choices": [
+                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                    ]
+                }
+            )
         await asyncio.sleep(self.slow_ttft_s if mode == "slow" else self.ttft_s)
         for i in range(num_tokens):
             if i:
@@ -161,15 +179,25 @@ class StubOpenAIServer:
                 writer.transport.abort()
                 return False
             finish = "length" if i == num_tokens - 1 else None
-            choice = {"index": 0, "delta": {"content": TOKEN_TEXT}} if chat else {"index": 0, "text": TOKEN_TEXT}
+            choice = (
+                {"index": 0, "delta": {"content": TOKEN_TEXT}} if chat else {"index": 0, "text": TOKEN_TEXT}
+            )
             # stamped before the write: the client thread may run and stamp its receipt before this
             # thread resumes after it
             request.send_times.append(time.perf_counter())
             event({"object": "chunk", "choices": [{**choice, "finish_reason": finish}]})
         if mode not in ("no_usage", "error_event"):
             prompt_tokens = len(request.prompt.split())
-            event({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": num_tokens,
-                                            "total_tokens": prompt_tokens + num_tokens}})
+            event(
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": num_tokens,
+                        "total_tokens": prompt_tokens + num_tokens,
+                    },
+                }
+            )
         if self.done_delay_s and mode != "error_event":  # the client stops reading at an error event
             await asyncio.sleep(self.done_delay_s)
         if mode != "no_done":

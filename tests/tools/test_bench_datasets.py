@@ -15,7 +15,7 @@ def tokenizer(request, shared_tokenizer):
 
 
 def _server_len(tokenizer, prompt: str) -> int:
-    return len(tokenizer(prompt).input_ids)        # as a server counts it: with the special tokens
+    return len(tokenizer(prompt).input_ids)  # as a server counts it: with the special tokens
 
 
 def test_random_prompts_have_the_asked_token_length(tokenizer):
@@ -40,7 +40,7 @@ def test_prefix_dataset_shares_its_prefix(tokenizer):
     assert len(tokenizer.encode(prefix, add_special_tokens=False)) >= 64
     ids = [tokenizer.encode(r.prompt, add_special_tokens=False) for r in requests]
     assert all(i[:64] == ids[0][:64] for i in ids)
-    assert len({tuple(i[64:]) for i in ids}) == 10                     # the suffixes differ
+    assert len({tuple(i[64:]) for i in ids}) == 10  # the suffixes differ
     assert [_server_len(tokenizer, r.prompt) for r in requests] == [104] * 10
 
 
@@ -52,7 +52,7 @@ def test_same_seed_same_prompts(tokenizer):
 
 def test_length_range_matches_vllm():
     assert length_range(100, 0.25) == (75, 125)
-    assert length_range(10, 0.33) == (6, 14)                           # floor low, ceil high
+    assert length_range(10, 0.33) == (6, 14)  # floor low, ceil high
 
 
 @pytest.mark.parametrize(

@@ -28,20 +28,23 @@ from tools.bench_serve import BenchError, BenchSettings, cli, run_benchmark
 
 TTFT_MS, ITL_MS, DONE_DELAY_MS, SLOW_TTFT_MS = 60.0, 12.0, 40.0, 250.0
 TOKENS = 5
-JITTER_MS = 15.0          # a typical request's client-side overhead on a busy 2-core machine
-MEDIAN_TOL_MS = 1.5       # for per-token figures, whose jitter divides over the tokens
+JITTER_MS = 15.0  # a typical request's client-side overhead on a busy 2-core machine
+MEDIAN_TOL_MS = 1.5  # for per-token figures, whose jitter divides over the tokens
 
 
 @pytest.fixture
 def stub():
-    with StubOpenAIServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS, slow_ttft_ms=SLOW_TTFT_MS,
-                          done_delay_ms=DONE_DELAY_MS) as server:
+    with StubOpenAIServer(
+        ttft_ms=TTFT_MS, itl_ms=ITL_MS, slow_ttft_ms=SLOW_TTFT_MS, done_delay_ms=DONE_DELAY_MS
+    ) as server:
         yield server
 
 
 def _requests(modes: list[str], tokens: int = TOKENS) -> list[SampleRequest]:
-    return [SampleRequest(prompt=f"w1 w2 w3 req={i} mode={m}", prompt_len=0, expected_output_len=tokens)
-            for i, m in enumerate(modes)]
+    return [
+        SampleRequest(prompt=f"w1 w2 w3 req={i} mode={m}", prompt_len=0, expected_output_len=tokens)
+        for i, m in enumerate(modes)
+    ]
 
 
 def _run(stub, requests, **settings):
@@ -76,7 +79,7 @@ def test_metrics_match_the_server_timings(stub):
 
     # token counts from the server's usage; throughputs over the run's duration
     assert result.total_output_tokens == n * TOKENS and result.output_lens == [TOKENS] * n
-    assert result.total_input_tokens == n * 5                          # the stub counts words
+    assert result.total_input_tokens == n * 5  # the stub counts words
     ends = np.array(result.start_times) + np.array(result.latencies)
     assert ends.max() <= result.duration < wall
     assert result.request_throughput == pytest.approx(n / result.duration)
@@ -88,7 +91,7 @@ def test_metrics_match_the_server_timings(stub):
 def test_chat_ttft_waits_for_the_first_token_not_the_role_chunk(stub):
     result = _run(stub, _requests(["ok"] * 4), endpoint="chat")
     assert result.completed == 4
-    assert min(result.ttfts) * 1000 >= TTFT_MS                         # the role chunk came at once
+    assert min(result.ttfts) * 1000 >= TTFT_MS  # the role chunk came at once
     assert [len(gaps) for gaps in result.itls] == [TOKENS - 1] * 4
     assert result.generated_texts == [TOKEN_TEXT * TOKENS] * 4
     body = stub.by_tag("req=0").body
@@ -137,24 +140,27 @@ def test_request_rate_spaces_arrivals(stub):
     arrivals = sorted(stub.by_tag(f"req={i}").arrival for i in range(n))
     mean_gap = (arrivals[-1] - arrivals[0]) / (n - 1)
     assert 0.6 / rate < mean_gap < 1.5 / rate
-    assert result.duration >= n / rate                                  # the last one leaves at n / rate
+    assert result.duration >= n / rate  # the last one leaves at n / rate
 
 
 def test_warmup_requests_are_not_measured(stub):
     result = _run(stub, _requests(["ok"] * 3), num_warmups=2)
     assert result.completed == 3
-    assert len(stub.requests) == 1 + 2 + 3                             # first check, warm-ups, measured
+    assert len(stub.requests) == 1 + 2 + 3  # first check, warm-ups, measured
 
 
 def test_unreported_usage_is_counted_by_retokenizing(stub, shared_tokenizer):
     tokenizer = shared_tokenizer("qwen3")
-    settings = BenchSettings(base_url=stub.url, model="stub-model", disable_tqdm=True, ready_check_timeout_s=0)
-    result = asyncio.run(run_benchmark(settings, requests=_requests(["no_usage"] * 2, tokens=7),
-                                       tokenizer=tokenizer))
+    settings = BenchSettings(
+        base_url=stub.url, model="stub-model", disable_tqdm=True, ready_check_timeout_s=0
+    )
+    result = asyncio.run(
+        run_benchmark(settings, requests=_requests(["no_usage"] * 2, tokens=7), tokenizer=tokenizer)
+    )
     expected = len(tokenizer(TOKEN_TEXT * 7, add_special_tokens=False).input_ids)
     assert result.generated_texts == [TOKEN_TEXT * 7] * 2
     assert result.output_lens == [expected] * 2
-    assert result.input_lens == [0, 0]                                 # no usage: the dataset's prompt_len
+    assert result.input_lens == [0, 0]  # no usage: the dataset's prompt_len
 
 
 def test_first_request_failure_stops_the_run_early(stub):
@@ -170,8 +176,9 @@ def test_waits_for_a_server_that_is_still_starting():
     stub = StubOpenAIServer(ttft_ms=TTFT_MS, itl_ms=ITL_MS, port=port)
     starter = threading.Timer(1.0, stub.__enter__)
     starter.start()
-    settings = BenchSettings(base_url=f"http://127.0.0.1:{port}", model="m", disable_tqdm=True,
-                             ready_check_timeout_s=20)
+    settings = BenchSettings(
+        base_url=f"http://127.0.0.1:{port}", model="m", disable_tqdm=True, ready_check_timeout_s=20
+    )
     try:
         result = asyncio.run(run_benchmark(settings, requests=_requests(["ok"] * 2)))
     finally:
@@ -181,7 +188,9 @@ def test_waits_for_a_server_that_is_still_starting():
 
 
 def test_unreachable_server_is_a_clear_error():
-    settings = BenchSettings(base_url="http://127.0.0.1:9", model="m", disable_tqdm=True, ready_check_timeout_s=0)
+    settings = BenchSettings(
+        base_url="http://127.0.0.1:9", model="m", disable_tqdm=True, ready_check_timeout_s=0
+    )
     with pytest.raises(BenchError, match="ConnectError"):
         asyncio.run(run_benchmark(settings, requests=_requests(["ok"])))
 
@@ -207,10 +216,29 @@ def test_bad_settings_are_named(options, message):
 def test_cli_prints_vllm_report_and_writes_json(stub, tmp_path):
     tokenizer = shared_path("models", "tokenizers", "qwen3")
     out = tmp_path / "result.json"
-    args = ["--base-url", stub.url, "--tokenizer", str(tokenizer), "--num-prompts", "6",
-            "--random-input-len", "24", "--random-output-len", "3", "--percentiles", "50,90",
-            "--goodput", "ttft:10000", "--max-concurrency", "4", "--disable-tqdm",
-            "--ready-check-timeout-sec", "0", "--result-json", str(out)]
+    args = [
+        "--base-url",
+        stub.url,
+        "--tokenizer",
+        str(tokenizer),
+        "--num-prompts",
+        "6",
+        "--random-input-len",
+        "24",
+        "--random-output-len",
+        "3",
+        "--percentiles",
+        "50,90",
+        "--goodput",
+        "ttft:10000",
+        "--max-concurrency",
+        "4",
+        "--disable-tqdm",
+        "--ready-check-timeout-sec",
+        "0",
+        "--result-json",
+        str(out),
+    ]
     run = CliRunner().invoke(cli, args)
     assert run.exit_code == 0, run.output
     assert re.search(r"Successful requests:\s+6\b", run.output)
@@ -228,8 +256,20 @@ def test_cli_prints_vllm_report_and_writes_json(stub, tmp_path):
 def test_cli_finds_the_tokenizer_at_the_served_model_root():
     root = shared_path("models", "tokenizers", "qwen3")
     with StubOpenAIServer(ttft_ms=1, itl_ms=1, model_root=str(root)) as stub:
-        run = CliRunner().invoke(cli, ["--base-url", stub.url, "--num-prompts", "2", "--random-input-len", "8",
-                                       "--random-output-len", "2", "--disable-tqdm"])
+        run = CliRunner().invoke(
+            cli,
+            [
+                "--base-url",
+                stub.url,
+                "--num-prompts",
+                "2",
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "2",
+                "--disable-tqdm",
+            ],
+        )
     assert run.exit_code == 0, run.output
     assert re.search(r"Successful requests:\s+2\b", run.output)
 
