@@ -14,7 +14,7 @@ Percentiles are numpy's (linear interpolation); an empty metric reads 0, as vLLM
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from tools.bench_client import RequestRecord
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+NOT_IN_JSON = ("stats", "percentile_metrics", "run_info")  # stats go flat, as mean_ttft_ms, p99_ttft_ms, ...
 METRIC_TITLES = {
     "ttft": ("TTFT", "Time to First Token"),
     "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
@@ -83,38 +84,15 @@ class BenchResult:
 
     def to_dict(self) -> dict:
         out = dict(self.run_info)
-        for key in (
-            "duration",
-            "completed",
-            "failed",
-            "total_input_tokens",
-            "total_output_tokens",
-            "request_throughput",
-            "request_goodput",
-            "output_throughput",
-            "total_token_throughput",
-            "max_output_tokens_per_s",
-            "max_concurrent_requests",
-        ):
-            out[key] = getattr(self, key)
+        for f in fields(self):
+            if f.name not in NOT_IN_JSON:
+                out[f.name] = getattr(self, f.name)
         for name, stat in self.stats.items():
             out[f"mean_{name}_ms"] = stat.mean
             out[f"median_{name}_ms"] = stat.median
             out[f"std_{name}_ms"] = stat.std
             for p, value in stat.percentiles:
                 out[f"p{percentile_word(p)}_{name}_ms"] = value
-        for key in (
-            "input_lens",
-            "output_lens",
-            "ttfts",
-            "itls",
-            "latencies",
-            "start_times",
-            "queue_times",
-            "generated_texts",
-            "errors",
-        ):
-            out[key] = getattr(self, key)
         return out
 
 
