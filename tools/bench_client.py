@@ -46,9 +46,7 @@ class RequestRecord:
         return self.token_times[-1] - self.start_time if self.token_times else 0.0
 
 
-def build_payload(
-    endpoint: str, model: str, prompt: str, max_tokens: int, ignore_eos: bool, extra_body: dict | None = None
-) -> bytes:
+def build_payload(endpoint: str, model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> bytes:
     """The JSON body of a streamed request with usage in the last chunk."""
     body: dict = {"model": model}
     if endpoint == "chat":
@@ -57,9 +55,7 @@ def build_payload(
         body["prompt"] = prompt
     body.update(max_tokens=max_tokens, stream=True, stream_options={"include_usage": True})
     if ignore_eos:
-        body["ignore_eos"] = True  # vLLM's extension; ringserve reads it too
-    if extra_body:
-        body.update(extra_body)
+        body["ignore_eos"] = True  # vLLM's extension to the OpenAI API
     return orjson.dumps(body)
 
 
