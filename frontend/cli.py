@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {}
 BENCH_COMMANDS: dict[str, str] = {
     "throughput": "tools.bench_offline:cli",
     "scheduler": "tools.bench_scheduler:cli",
+    "serve": "tools.bench_serve:cli",
 }
 
 

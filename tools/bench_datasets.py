@@ -1,0 +1,122 @@
+"""Synthetic prompts for `ringserve bench serve`: the `random` and `prefix` datasets.
+
+A prompt is built from random token ids decoded to text. Decoding then re-encoding random ids rarely gives
+the same number of tokens back (byte-level BPE merges and splits across the seams), so the text is
+re-tokenized and the token list trimmed or extended until the text really encodes to the asked length,
+as vLLM's random dataset does. Lengths count what the server sees: the tokenizer's own special tokens
+(a BOS, say) are part of the asked input length.
+
+The `prefix` dataset puts one shared prefix of `prefix_len` tokens in front of every prompt, to exercise
+prefix caching. The prefix text is fixed once and only the suffix is adjusted, so every prompt starts
+with the very same characters and (redrawing a suffix that would merge across the seam) the very same
+prefix_len tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+DATASETS = ("random", "prefix")
+MAX_FIT_ROUNDS = 10
+
+
+@dataclass(slots=True)
+class SampleRequest:
+    prompt: str
+    prompt_len: int  # tokens as the server counts them (with the tokenizer's special tokens)
+    expected_output_len: int  # the request's max_tokens
+
+
+def length_range(mean: int, range_ratio: float) -> tuple[int, int]:
+    """The inclusive [low, high] that vLLM samples a length from: mean * (1 -/+ range_ratio)."""
+    return math.floor(mean * (1.0 - range_ratio)), math.ceil(mean * (1.0 + range_ratio))
+
+
+def sample_requests(
+    tokenizer,
+    num_requests: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float = 0.0,
+    prefix_len: int = 0,
+    seed: int = 0,
+) -> list[SampleRequest]:
+    """`num_requests` prompts of prefix_len + U[input_len range] tokens, each asking for U[output_len range].
+
+    Input lengths are drawn around input_len minus the tokenizer's special tokens (so the server sees
+    prefix_len + input_len on average); output lengths are at least 1.
+    """
+    if num_requests < 1:
+        raise ValueError(f"num_prompts must be at least 1, got {num_requests}")
+    if not 0.0 <= range_ratio < 1.0:
+        raise ValueError(f"random_range_ratio must be in [0, 1), got {range_ratio}")
+    if input_len < 0 or output_len < 1 or prefix_len < 0:
+        raise ValueError(
+            f"need random_input_len >= 0, random_output_len >= 1 and prefix_len >= 0; "
+            f"got {input_len}, {output_len} and {prefix_len}"
+        )
+    num_special = int(tokenizer.num_special_tokens_to_add())
+    input_low, input_high = length_range(max(0, input_len - num_special), range_ratio)
+    output_low, output_high = length_range(output_len, range_ratio)
+    output_low = max(output_low, 1)
+    if prefix_len + input_low < 1:
+        raise ValueError(
+            f"random_input_len {input_len} leaves no prompt tokens (the tokenizer adds {num_special} "
+            f"special tokens, range ratio {range_ratio}); ask for more input tokens"
+        )
+
+    rng = np.random.default_rng(seed)
+    input_lens = rng.integers(input_low, input_high + 1, size=num_requests)
+    output_lens = rng.integers(output_low, output_high + 1, size=num_requests)
+    allowed = np.setdiff1d(np.arange(tokenizer.vocab_size), tokenizer.all_special_ids)
+
+    prefix_text, prefix_ids = "", []
+    if prefix_len:
+        prefix_text, prefix_ids = fit_prompt(
+            tokenizer, "", _random_ids(rng, allowed, prefix_len), prefix_len, rng, allowed
+        )
+
+    requests = []
+    for n_in, n_out in zip(input_lens.tolist(), output_lens.tolist(), strict=True):
+        # a suffix whose first token merges with the prefix's last would share one token less: redraw it
+        for _ in range(MAX_FIT_ROUNDS):
+            text, ids = fit_prompt(
+                tokenizer, prefix_text, _random_ids(rng, allowed, n_in), prefix_len + n_in, rng, allowed
+            )
+            if ids[:prefix_len] == prefix_ids:
+                break
+        requests.append(
+            SampleRequest(prompt=text, prompt_len=len(ids) + num_special, expected_output_len=n_out)
+        )
+    return requests
+
+
+def fit_prompt(
+    tokenizer,
+    head: str,
+    suffix_ids: list[int],
+    target_len: int,
+    rng: np.random.Generator,
+    allowed: np.ndarray,
+) -> tuple[str, list[int]]:
+    """head + decode(suffix_ids), with the suffix trimmed or extended until the whole text encodes to
+    target_len tokens (without special tokens). Returns the text and its token ids, which after
+    MAX_FIT_ROUNDS may still miss the target by a token or two on adversarial tokenizers."""
+    for _ in range(MAX_FIT_ROUNDS):
+        text = head + tokenizer.decode(suffix_ids)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        excess = len(ids) - target_len
+        if excess == 0:
+            break
+        if excess > 0:
+            suffix_ids = suffix_ids[: max(0, len(suffix_ids) - excess)]
+        else:
+            suffix_ids = suffix_ids + _random_ids(rng, allowed, -excess)
+    return text, ids
+
+
+def _random_ids(rng: np.random.Generator, allowed: np.ndarray, n: int) -> list[int]:
+    return allowed[rng.integers(0, len(allowed), size=n)].tolist()

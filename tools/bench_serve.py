@@ -1,0 +1,354 @@
+"""`ringserve bench serve`: a load generator against any OpenAI-compatible server.
+
+It sends synthetic prompts (tools.bench_datasets) as streamed completions or chat requests, at Poisson
+(or gamma, --burstiness) arrivals or all at once, under an optional concurrency cap, and reports what
+`vllm bench serve` reports with the same definitions (tools.bench_metrics), so that figures taken against
+ringserve and against vLLM compare directly.
+
+The library entry points are `run_benchmark(settings) -> BenchResult` and `format_result(result)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import click
+import httpx
+import numpy as np
+import orjson
+from tqdm import tqdm
+
+from tools.bench_client import ENDPOINT_PATHS, RequestRecord, build_payload, send_request
+from tools.bench_datasets import DATASETS, SampleRequest, sample_requests
+from tools.bench_metrics import METRICS, BenchResult, calculate_metrics, format_result, parse_goodput
+
+__all__ = ["BenchSettings", "BenchResult", "run_benchmark", "format_result", "arrival_offsets", "cli"]
+
+READY_RETRY_S = 1.0
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run (server unreachable, first request fails, no tokenizer, ...)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class BenchSettings:
+    base_url: str = "http://127.0.0.1:8000"
+    model: str | None = None  # None: the first model the server lists at /v1/models
+    served_model_name: str | None = None  # the name sent in requests, when it differs from model
+    endpoint: str = "completions"  # completions | chat
+    tokenizer: str | None = None  # local directory; default: model, when it is a directory
+    dataset: str = "random"  # random | prefix
+    num_prompts: int = 1000
+    random_input_len: int = 1024
+    random_output_len: int = 128
+    random_range_ratio: float = 0.0
+    prefix_len: int = 0  # shared prefix tokens; the prefix dataset needs > 0
+    request_rate: float = math.inf  # requests/s; inf sends all at once
+    burstiness: float = 1.0  # gamma shape of the gaps; 1 is Poisson
+    max_concurrency: int | None = None
+    ignore_eos: bool = True  # vLLM forces it for synthetic data, so lengths hold
+    seed: int = 0
+    metric_percentiles: list[float] = field(default_factory=lambda: [99.0])
+    percentile_metrics: list[str] = field(default_factory=lambda: list(METRICS))
+    goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms: ttft, tpot, e2el
+    num_warmups: int = 0
+    disable_tqdm: bool = False
+    api_key: str | None = None
+    request_timeout_s: float = 6 * 3600.0
+    ready_check_timeout_s: float = 600.0  # how long to wait for a server that is still starting
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ENDPOINT_PATHS:
+            raise ValueError(f"endpoint must be one of {', '.join(ENDPOINT_PATHS)}, got {self.endpoint!r}")
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        if self.dataset == "prefix" and self.prefix_len < 1:
+            raise ValueError("the prefix dataset needs --prefix-len N with N > 0")
+        if not self.request_rate > 0:
+            raise ValueError(f"request_rate must be > 0 (inf sends all at once), got {self.request_rate}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
+        if self.num_warmups < 0:
+            raise ValueError(f"num_warmups must not be negative, got {self.num_warmups}")
+        for p in self.metric_percentiles:
+            if not 0 < p <= 100:
+                raise ValueError(f"percentiles must be in (0, 100], got {p:g}")
+        for name in self.percentile_metrics:
+            if name not in METRICS:
+                raise ValueError(f"percentile metric {name!r} is not one of {', '.join(METRICS)}")
+        parse_goodput([f"{k}:{v}" for k, v in self.goodput.items()])  # validates names and values
+
+
+def arrival_offsets(
+    num_requests: int, request_rate: float, burstiness: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Send times in seconds after the start, as vLLM draws them: gamma gaps of mean 1/rate (shape
+    `burstiness`; 1 is a Poisson process, inf is evenly spaced), rescaled so the last request goes out
+    at exactly num_requests / rate. An infinite rate sends everything at once."""
+    if math.isinf(request_rate):
+        return np.zeros(num_requests)
+    if math.isinf(burstiness):
+        gaps = np.full(num_requests, 1.0 / request_rate)
+    else:
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=num_requests)
+    offsets = np.cumsum(gaps)
+    return offsets * ((num_requests / request_rate) / offsets[-1])
+
+
+async def run_benchmark(
+    settings: BenchSettings, requests: list[SampleRequest] | None = None, tokenizer=None
+) -> BenchResult:
+    """Run one benchmark and return every figure.
+
+    `requests` replaces the synthetic dataset (the settings' dataset options are then unused);
+    `tokenizer` replaces loading settings.tokenizer. Without either, an output count the server does
+    not report falls back to the number of token chunks.
+    """
+    base_url = settings.base_url.rstrip("/")
+    headers = {"Content-Type": "application/json"}
+    if settings.api_key:
+        headers["Authorization"] = f"Bearer {settings.api_key}"
+    limits = httpx.Limits(
+        max_connections=settings.max_concurrency, max_keepalive_connections=settings.max_concurrency
+    )
+    timeout = httpx.Timeout(settings.request_timeout_s, pool=None)
+    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout, trust_env=False) as client:
+        model, model_root = settings.model, None
+        if model is None:
+            model, model_root = await first_served_model(client, base_url)
+        if tokenizer is None and (requests is None or settings.tokenizer):
+            tokenizer = load_bench_tokenizer(settings.tokenizer or model_root, model)
+        if requests is None:
+            requests = sample_requests(
+                tokenizer,
+                settings.num_prompts,
+                settings.random_input_len,
+                settings.random_output_len,
+                settings.random_range_ratio,
+                settings.prefix_len,
+                settings.seed,
+            )
+        if not requests:
+            raise BenchError("no requests to send")
+        url = base_url + ENDPOINT_PATHS[settings.endpoint]
+        chat = settings.endpoint == "chat"
+        sent_model = settings.served_model_name or model
+        payloads = [
+            build_payload(settings.endpoint, sent_model, r.prompt, r.expected_output_len, settings.ignore_eos)
+            for r in requests
+        ]
+
+        async def send(i: int) -> RequestRecord:
+            return await send_request(
+                client, url, payloads[i], requests[i].prompt_len, chat, settings.request_timeout_s
+            )
+
+        await _first_request(send, url, settings.ready_check_timeout_s)
+        await _warm_up(send, settings.num_warmups, settings.max_concurrency)
+
+        rng = np.random.default_rng([settings.seed, 1])  # its own stream, apart from the dataset's
+        offsets = arrival_offsets(len(requests), settings.request_rate, settings.burstiness, rng)
+        gc.collect()
+        gc.freeze()  # no collector pauses over the run's long-lived objects
+        try:
+            records, start, duration = await _dispatch(
+                send, offsets, settings.max_concurrency, settings.disable_tqdm
+            )
+        finally:
+            gc.unfreeze()
+
+    result = calculate_metrics(
+        records, duration, start, tokenizer, settings.metric_percentiles, settings.goodput
+    )
+    result.percentile_metrics = list(settings.percentile_metrics)
+    result.run_info = {
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": "openai-chat" if chat else "openai",
+        "backend": "openai-chat" if chat else "openai",
+        "model_id": model,
+        "tokenizer_id": getattr(tokenizer, "name_or_path", None),
+        "num_prompts": len(requests),
+        "request_rate": "inf" if math.isinf(settings.request_rate) else settings.request_rate,
+        "burstiness": settings.burstiness,
+        "max_concurrency": settings.max_concurrency,
+    }
+    return result
+
+
+async def _dispatch(send, offsets: np.ndarray, max_concurrency: int | None, disable_tqdm: bool):
+    """Send request i at offsets[i] (holding a concurrency slot while it runs); returns the records in
+    order, the start time and the duration up to the last completion."""
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    progress = tqdm(total=len(offsets), disable=disable_tqdm)
+
+    async def one(i: int) -> RequestRecord:
+        arrival = time.perf_counter()
+        if slots is None:
+            record = await send(i)
+        else:
+            async with slots:
+                record = await send(i)
+        record.queue_time = record.start_time - arrival
+        progress.update(1)
+        return record
+
+    tasks = []
+    start = time.perf_counter()
+    for i, offset in enumerate(offsets.tolist()):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    records = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - start
+    progress.close()
+    return records, start, duration
+
+
+async def _first_request(send, url: str, ready_timeout_s: float) -> None:
+    """One unmeasured request with the first prompt: waits for a server that is still starting (refused
+    connections) up to ready_timeout_s, and stops the run early on any other failure."""
+    deadline = time.monotonic() + ready_timeout_s
+    waiting = False
+    while True:
+        record = await send(0)
+        if record.success:
+            return
+        if not record.error.startswith("ConnectError") or time.monotonic() >= deadline:
+            raise BenchError(f"the first request to {url} failed: {record.error}")
+        if not waiting:
+            waiting = True
+            print(f"waiting up to {ready_timeout_s:g} s for the server at {url} ...", file=sys.stderr)
+        await asyncio.sleep(READY_RETRY_S)
+
+
+async def _warm_up(send, num_warmups: int, max_concurrency: int | None) -> None:
+    """num_warmups unmeasured copies of the first request, under the same concurrency cap."""
+    slots = asyncio.Semaphore(max_concurrency or max(num_warmups, 1))
+
+    async def one() -> None:
+        async with slots:
+            await send(0)
+
+    await asyncio.gather(*(one() for _ in range(num_warmups)))
+
+
+async def first_served_model(client: httpx.AsyncClient, base_url: str) -> tuple[str, str | None]:
+    """The id of the first model the server lists at /v1/models, and its `root` (vLLM puts the model's
+    path there) when that is a local directory, to find the tokenizer."""
+    try:
+        response = await client.get(base_url + "/v1/models")
+        response.raise_for_status()
+        entry = response.json()["data"][0]
+        root = entry.get("root")
+        return entry["id"], root if isinstance(root, str) and os.path.isdir(root) else None
+    except (httpx.HTTPError, KeyError, IndexError, ValueError, AttributeError) as e:
+        raise BenchError(
+            f"cannot read the served model from {base_url}/v1/models ({e}); pass --model"
+        ) from None
+
+
+def load_bench_tokenizer(path: str | None, model: str):
+    """The tokenizer at `path`, or at `model` when that is a local directory; never downloads."""
+    from engine.config import EngineConfig
+    from engine.tokenizer import load_tokenizer
+
+    path = path or (model if os.path.isdir(model) else None)
+    if path is None:
+        raise BenchError(f"no tokenizer: the model {model!r} is not a local directory; pass --tokenizer PATH")
+    return load_tokenizer(EngineConfig(tokenizer=path))
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(
+            f"percentiles must be comma-separated numbers (e.g. 50,90,99), got {text!r}"
+        ) from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--base-url", default="http://127.0.0.1:8000", show_default=True, help="The server's base URL.")
+@click.option(
+    "--model", default=None, help="Model name sent in requests (default: the server's first model)."
+)
+@click.option("--served-model-name", default=None, help="Name sent in requests when --model is a path.")
+@click.option("--endpoint", type=click.Choice(list(ENDPOINT_PATHS)), default="completions", show_default=True)
+@click.option(
+    "--tokenizer", default=None, help="Local tokenizer directory (default: --model if a directory)."
+)
+@click.option("--dataset-name", "dataset", type=click.Choice(DATASETS), default="random", show_default=True)
+@click.option("--num-prompts", default=1000, show_default=True, type=int)
+@click.option("--random-input-len", "--input-len", default=1024, show_default=True, type=int)
+@click.option("--random-output-len", "--output-len", default=128, show_default=True, type=int)
+@click.option("--random-range-ratio", default=0.0, show_default=True, type=float)
+@click.option(
+    "--prefix-len",
+    "--random-prefix-len",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Tokens of one prefix shared by every prompt (the prefix dataset needs > 0).",
+)
+@click.option(
+    "--request-rate", default="inf", show_default=True, type=float, help="Requests/s; inf: all at once."
+)
+@click.option("--burstiness", default=1.0, show_default=True, type=float, help="Gamma shape of arrival gaps.")
+@click.option("--max-concurrency", default=None, type=int, help="Most requests in flight at once.")
+@click.option(
+    "--ignore-eos/--no-ignore-eos",
+    default=True,
+    show_default=True,
+    help="Send ignore_eos so outputs run to their length (vLLM's default for synthetic data).",
+)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--metric-percentiles", "--percentiles", default="99", show_default=True, help="E.g. 50,90,99.")
+@click.option("--percentile-metrics", default=",".join(METRICS), show_default=True)
+@click.option(
+    "--goodput", multiple=True, help="SLOs as NAME:MS (ttft, tpot, e2el); repeat or space-separate."
+)
+@click.option("--warmup", "--num-warmups", "num_warmups", default=0, show_default=True, type=int)
+@click.option("--disable-tqdm", is_flag=True)
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None, help="Bearer token [env: OPENAI_API_KEY].")
+@click.option("--request-timeout", "request_timeout_s", default=6 * 3600.0, type=float, show_default=True)
+@click.option(
+    "--ready-check-timeout-sec", "ready_check_timeout_s", default=600.0, type=float, show_default=True
+)
+@click.option("--result-json", type=click.Path(dir_okay=False), default=None, help="Write every figure here.")
+def cli(
+    result_json: str | None, metric_percentiles: str, percentile_metrics: str, goodput, **options
+) -> None:
+    """Benchmark an OpenAI-compatible server with vLLM's serving metrics."""
+    try:
+        settings = BenchSettings(
+            metric_percentiles=_floats(metric_percentiles),
+            percentile_metrics=[m.strip() for m in percentile_metrics.split(",") if m.strip()],
+            goodput=parse_goodput(goodput),
+            **options,
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    rate = "inf (all at once)" if math.isinf(settings.request_rate) else f"{settings.request_rate:g} req/s"
+    click.echo(
+        f"{settings.num_prompts} {settings.dataset} prompts to {settings.base_url} ({settings.endpoint}); "
+        f"rate {rate}, burstiness {settings.burstiness:g}, max concurrency {settings.max_concurrency}"
+    )
+    try:
+        result = asyncio.run(run_benchmark(settings))
+    except (BenchError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(format_result(result))
+    if result_json:
+        with open(result_json, "wb") as f:
+            f.write(orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2))
