@@ -69,7 +69,10 @@ class LocalExecutor:
     """One model runner in the calling process (in-process mode)."""
 
     def __init__(self, config: EngineConfig) -> None:
-        from engine.model_runner import make_model_runner
+        if config.load_format == "fake":
+            from engine.fake_runner import FakeModelRunner as make_model_runner
+        else:
+            from engine.model_runner import make_model_runner
 
         self.runner = make_model_runner(config)
         self.runner.load()

@@ -71,6 +71,12 @@ def main() -> int:
 
 
 def _start(config: EngineConfig, rank: int, tp: int, args: dict):
+    if config.load_format == "fake":                 # no torch at all: the process starts in a blink
+        from engine.fake_runner import FakeModelRunner
+
+        runner = FakeModelRunner(config, rank, tp)
+        runner.load()
+        return runner
     import torch
 
     from engine.model_runner import make_model_runner

@@ -281,49 +281,9 @@ def _logprobs_message(token_ids: np.ndarray, values: np.ndarray, ranks: np.ndarr
     )
 
 
-class FakeModelRunner(ModelRunner):
-    """load_format="fake": the whole executor path (diffs, persistent batch, input preparation, rings)
-    with a zero-cost model: the next token is a fixed function of the last one. For overhead benchmarks."""
+def make_model_runner(config: EngineConfig, rank: int = 0, tp_size: int = 1):
+    if config.load_format == "fake":
+        from engine.fake_runner import FakeModelRunner
 
-    def load(self) -> None:
-        self.model = None
-
-    @property
-    def bytes_per_block(self) -> int:
-        return 1024
-
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-
-    def apply_diff(self, so: SchedulerOutput) -> None:
-        batch = self.batch
-        for req in unpack(so.finished_reqs, HANDLE).tolist():
-            batch.remove(req)
-        for new in so.new_reqs:
-            batch.add(new)
-        for req, blocks in so.new_block_ids:
-            batch.append_blocks(req, unpack(blocks, TOKEN))
-
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
-        self.apply_diff(so)
-        if so.total_num_scheduled_tokens == 0:
-            return None
-        inputs = self.batch.prepare(so)
-        last = inputs.input_ids[inputs.logits_indices]
-        sampled = ((last * 7 + 13) % self.config.vocab_size).astype(np.int32)
-        self.batch.append_sampled(inputs.sample_rows, sampled)
-        return ModelRunnerOutput(
-            step=so.step, reqs=inputs.sample_reqs.astype(HANDLE).tobytes(),
-            sampled_token_ids=sampled.tobytes(), logprobs=[], prompt_logprobs=[],
-        )
-
-    def start_profile(self, directory: str) -> str:
-        return "the fake model has nothing to profile"
-
-    def stop_profile(self) -> str:
-        return "not profiling"
-
-
-def make_model_runner(config: EngineConfig, rank: int = 0, tp_size: int = 1) -> ModelRunner:
-    cls = FakeModelRunner if config.load_format == "fake" else ModelRunner
-    return cls(config, rank, tp_size)
+        return FakeModelRunner(config, rank, tp_size)
+    return ModelRunner(config, rank, tp_size)
