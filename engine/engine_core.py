@@ -22,7 +22,7 @@ from shm.ring import RingSpec, SpscRing
 from shm.wait import PeerDiedError
 
 from engine.config import EngineConfig
-from engine.executor import spin_window
+from engine.executor import make_model_runner, spin_window
 from engine.process import child_args, describe_exit, error_text, kill, parent_check, spawn, stop
 from engine.protocol import (
     FINISH_ABORT,
@@ -69,11 +69,6 @@ class LocalExecutor:
     """One model runner in the calling process (in-process mode)."""
 
     def __init__(self, config: EngineConfig) -> None:
-        if config.load_format == "fake":
-            from engine.fake_runner import FakeModelRunner as make_model_runner
-        else:
-            from engine.model_runner import make_model_runner
-
         self.runner = make_model_runner(config)
         self.runner.load()
         self.num_blocks = self.runner.available_blocks()

@@ -70,19 +70,28 @@ def main() -> int:
         result.close()
 
 
-def _start(config: EngineConfig, rank: int, tp: int, args: dict):
-    if config.load_format == "fake":                 # no torch at all: the process starts in a blink
+def make_model_runner(config: EngineConfig, rank: int = 0, tp_size: int = 1):
+    """The model runner for config.load_format; the fake one imports no torch and starts in a blink."""
+    if config.load_format == "fake":
         from engine.fake_runner import FakeModelRunner
 
-        runner = FakeModelRunner(config, rank, tp)
+        return FakeModelRunner(config, rank, tp_size)
+    from engine.model_runner import ModelRunner
+
+    return ModelRunner(config, rank, tp_size)
+
+
+def _start(config: EngineConfig, rank: int, tp: int, args: dict):
+    if config.load_format == "fake":
+        runner = make_model_runner(config, rank, tp)
         runner.load()
         return runner
     import torch
 
-    from engine.model_runner import make_model_runner
-
     if config.resolved_device == "cpu":
         torch.set_num_threads(config.cpu_threads or max(1, (os.cpu_count() or 1) // tp))
+    else:
+        torch.cuda.set_device(rank)                  # before NCCL init: one GPU per rank
     if tp > 1:
         from engine.distributed import init_tensor_parallel
 

@@ -279,11 +279,3 @@ def _logprobs_message(token_ids: np.ndarray, values: np.ndarray, ranks: np.ndarr
         ranks=np.ascontiguousarray(ranks, dtype=TOKEN).tobytes(),
         num_columns=token_ids.shape[1],
     )
-
-
-def make_model_runner(config: EngineConfig, rank: int = 0, tp_size: int = 1):
-    if config.load_format == "fake":
-        from engine.fake_runner import FakeModelRunner
-
-        return FakeModelRunner(config, rank, tp_size)
-    return ModelRunner(config, rank, tp_size)
