@@ -13,7 +13,9 @@ import click
 
 COMMANDS: dict[str, str] = {}
 
-BENCH_COMMANDS: dict[str, str] = {}
+BENCH_COMMANDS: dict[str, str] = {
+    "ipc": "tools.bench_ipc:cli",
+}
 
 
 class LazyGroup(click.Group):
