@@ -12,6 +12,8 @@ that every counter sits on its own cache line and is written by one process only
 A frame is an 8-byte length header and the payload, padded to 8 bytes. A frame never straddles the end of
 the data area: one that does not fit before the end is preceded by a SKIP header over the tail and starts
 at offset 0. That wastes the tail but keeps every message contiguous, so a reader can decode it in place.
+A frame that wraps may need the reader past the SKIP first, so one thread alone cannot write and then read
+a message larger than the space left before the end; a writer and a reader beside it always can.
 Counters are byte counts that only grow (a 64-bit count of bytes never wraps in practice); a frame lives
 at `counter % capacity`.
 """

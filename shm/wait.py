@@ -39,8 +39,9 @@ def wait_until(
 ) -> bool:
     """Wait until `ready()`; False once time.monotonic() passes `deadline` (None: no deadline).
 
-    Spins for `spin_us` microseconds (after the first POLL_S yielding the core between checks), then announces itself (the caller's
-    `announce` bumps its word and fences) and sleeps on `sem` in slices of at most SLEEP_SLICE_S.
+    Spins for `spin_us` microseconds (after the first POLL_S yielding the core between checks), then
+    announces itself (the caller's `announce` bumps its word and fences) and sleeps on `sem` in slices of at
+    most SLEEP_SLICE_S, calling `peer_check` every PEER_CHECK_INTERVAL_S.
     """
     clock = time.monotonic
     now = clock()
@@ -65,13 +66,15 @@ def wait_until(
         announce()
         if ready():
             return True
-        now = time.monotonic()
+        now = clock()
         if deadline is not None and now >= deadline:
             return False
         if peer_check is not None and now >= next_peer_check:
             peer_check()
             next_peer_check = now + PEER_CHECK_INTERVAL_S
         nap = SLEEP_SLICE_S if deadline is None else min(SLEEP_SLICE_S, deadline - now)
+        if peer_check is not None:
+            nap = min(nap, next_peer_check - now)
         try:
             sem.acquire(nap)
         except posix_ipc.BusyError:
