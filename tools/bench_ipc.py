@@ -4,9 +4,10 @@ For each transport and message size (64 B, 4 KiB, 256 KiB by default) it measure
 (p50/p99: the parent sends, a spawned peer process echoes) and the one-way throughput (the parent sends N
 messages as fast as the transport takes them; the peer acknowledges the last). Transports:
 
-  ring-spin       SpscRing pair, both sides spinning (the default 1 ms window covers a round trip)
+  ring-spin       SpscRing pair, both sides spinning (--spin-us, default 1 ms: it covers a round trip)
   ring-sleep      SpscRing pair with spin_us=0: every wait goes through the semaphore (eventcount) path
-  broadcast-2     BroadcastRing to 2 reader processes; reader 0 echoes on an SpscRing, reader 1 reads along
+  broadcast-2     BroadcastRing to 2 reader processes (spinning); reader 0 echoes on an SpscRing, reader 1
+                  reads along
   zmq-ipc         pyzmq PUSH/PULL over ipc:// sockets (skipped when pyzmq is missing)
   mp-queue        multiprocessing.Queue (spawn); it pickles, which is why no ringserve channel uses it
 
@@ -169,13 +170,13 @@ def _queue_link() -> Link:
     return Link(down.put, up.get, [up.get], stop)
 
 
-def _open(transport: str, workdir: str) -> Link:
+def _open(transport: str, workdir: str, spin_us: int) -> Link:
     if transport == "ring-spin":
-        return _ring_link(1000, 1)
+        return _ring_link(spin_us, 1)
     if transport == "ring-sleep":
         return _ring_link(0, 1)
     if transport == "broadcast-2":
-        return _ring_link(1000, 2)
+        return _ring_link(spin_us, 2)
     if transport == "zmq-ipc":
         return _zmq_link(workdir)
     return _queue_link()
@@ -220,12 +221,12 @@ def measure(link: Link, size: int, scale: float) -> dict:
     }
 
 
-def run(transports: tuple[str, ...], sizes: tuple[int, ...], scale: float) -> dict:
+def run(transports: tuple[str, ...], sizes: tuple[int, ...], scale: float, spin_us: int = 1000) -> dict:
     results = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="ringserve-bench-") as workdir:
         for transport in transports:
-            link = _open(transport, workdir)
+            link = _open(transport, workdir, spin_us)
             try:
                 for size in sizes:
                     results.append({"transport": transport, **measure(link, size, scale)})
@@ -233,6 +234,7 @@ def run(transports: tuple[str, ...], sizes: tuple[int, ...], scale: float) -> di
                 link.close()
     return {
         "cpus": os.cpu_count(),
+        "spin_us": spin_us,
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "results": results,
@@ -261,7 +263,10 @@ def _table(report: dict) -> str:
         )
     for name, ratio in report["ratios"].items():
         lines.append(f"{name}: {ratio}x")
-    lines.append(f"cpus {report['cpus']}, load average before {report['load_before']}, after {report['load_after']}")
+    lines.append(
+        f"spin_us {report['spin_us']}; cpus {report['cpus']}; load average before {report['load_before']}, "
+        f"after {report['load_after']}"
+    )
     return "\n".join(lines)
 
 
@@ -271,11 +276,12 @@ def _table(report: dict) -> str:
               help="Measure only these (repeatable); default: all, zmq-ipc when pyzmq is installed.")
 @click.option("--size", "sizes", multiple=True, type=int, help="Message sizes in bytes (repeatable).")
 @click.option("--scale", default=1.0, show_default=True, help="Multiply the message counts (0.1 for a quick look).")
-def cli(as_json: bool, transports: tuple[str, ...], sizes: tuple[int, ...], scale: float) -> None:
+@click.option("--spin-us", default=1000, show_default=True, help="Spin window of ring-spin and broadcast-2.")
+def cli(as_json: bool, transports: tuple[str, ...], sizes: tuple[int, ...], scale: float, spin_us: int) -> None:
     """Round-trip latency and one-way throughput of the shm rings against pyzmq ipc and multiprocessing.Queue."""
     if not transports:
         transports = tuple(t for t in TRANSPORTS if t != "zmq-ipc" or _has_zmq())
-    report = run(transports, sizes or SIZES, scale)
+    report = run(transports, sizes or SIZES, scale, spin_us)
     click.echo(json.dumps(report) if as_json else _table(report))
 
 
