@@ -2,7 +2,8 @@
 
 For each transport and message size (64 B, 4 KiB, 256 KiB by default) it measures the round-trip latency
 (p50/p99: the parent sends, a spawned peer process echoes) and the one-way throughput (the parent sends N
-messages as fast as the transport takes them; the peer acknowledges the last). Transports:
+messages as fast as the transport takes them; the peer acknowledges the last); with --repeat each figure is
+the median of that many rounds. Transports:
 
   ring-spin       SpscRing pair, both sides spinning (--spin-us, default 1 ms: it covers a round trip)
   ring-sleep      SpscRing pair with spin_us=0: every wait goes through the semaphore (eventcount) path
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -186,42 +188,54 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
-def measure(link: Link, size: int, scale: float) -> dict:
-    trips, messages = _plan(size, scale)
-    payload = os.urandom(size)
+def _round_trips(link: Link, payload: bytes, trips: int) -> list[float]:
+    """Sorted round-trip times in seconds."""
     send, recv, clock = link.send, link.recv, time.perf_counter
-    warmup = max(10, trips // 10)
-    send(b"echo %d" % (warmup + trips))
-    for _ in range(warmup):
-        send(payload)
-        recv()
+    send(b"echo %d" % trips)
     latencies = []
     for _ in range(trips):
         start = clock()
         send(payload)
         recv()
         latencies.append(clock() - start)
-    latencies.sort()
+    return sorted(latencies)
 
+
+def _one_way(link: Link, payload: bytes, messages: int) -> float:
+    """Messages per second from the first send to the last peer's ack."""
+    send = link.send
     send(b"sink %d" % messages)
-    start = clock()
+    start = time.perf_counter()
     for _ in range(messages):
         send(payload)
     for ack in link.acks:
         ack()
-    elapsed = clock() - start
+    return messages / (time.perf_counter() - start)
+
+
+def measure(link: Link, size: int, scale: float, repeat: int = 1) -> dict:
+    """Each figure is the median over `repeat` rounds, after a warm-up round that is thrown away."""
+    trips, messages = _plan(size, scale)
+    payload = os.urandom(size)
+    _round_trips(link, payload, trips)  # the first trips after a peer starts run slow (page faults, cold caches)
+    rounds = [_round_trips(link, payload, trips) for _ in range(repeat)]
+    rates = [_one_way(link, payload, messages) for _ in range(repeat)]
+    msgs_per_s = statistics.median(rates)
     return {
         "size": size,
-        "rt_p50_us": _percentile(latencies, 0.50) * 1e6,
-        "rt_p99_us": _percentile(latencies, 0.99) * 1e6,
-        "msgs_per_s": messages / elapsed,
-        "mb_per_s": messages * size / elapsed / 1e6,
+        "rt_p50_us": statistics.median(_percentile(r, 0.50) for r in rounds) * 1e6,
+        "rt_p99_us": statistics.median(_percentile(r, 0.99) for r in rounds) * 1e6,
+        "msgs_per_s": msgs_per_s,
+        "mb_per_s": msgs_per_s * size / 1e6,
         "round_trips": trips,
         "messages": messages,
+        "rounds": repeat,
     }
 
 
-def run(transports: tuple[str, ...], sizes: tuple[int, ...], scale: float, spin_us: int = 1000) -> dict:
+def run(
+    transports: tuple[str, ...], sizes: tuple[int, ...], scale: float, spin_us: int = 1000, repeat: int = 1
+) -> dict:
     results = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="ringserve-bench-") as workdir:
@@ -229,7 +243,7 @@ def run(transports: tuple[str, ...], sizes: tuple[int, ...], scale: float, spin_
             link = _open(transport, workdir, spin_us)
             try:
                 for size in sizes:
-                    results.append({"transport": transport, **measure(link, size, scale)})
+                    results.append({"transport": transport, **measure(link, size, scale, repeat)})
             finally:
                 link.close()
     return {
@@ -277,11 +291,15 @@ def _table(report: dict) -> str:
 @click.option("--size", "sizes", multiple=True, type=int, help="Message sizes in bytes (repeatable).")
 @click.option("--scale", default=1.0, show_default=True, help="Multiply the message counts (0.1 for a quick look).")
 @click.option("--spin-us", default=1000, show_default=True, help="Spin window of ring-spin and broadcast-2.")
-def cli(as_json: bool, transports: tuple[str, ...], sizes: tuple[int, ...], scale: float, spin_us: int) -> None:
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1),
+              help="Rounds per figure, reporting the median (3 or more on a shared machine).")
+def cli(
+    as_json: bool, transports: tuple[str, ...], sizes: tuple[int, ...], scale: float, spin_us: int, repeat: int
+) -> None:
     """Round-trip latency and one-way throughput of the shm rings against pyzmq ipc and multiprocessing.Queue."""
     if not transports:
         transports = tuple(t for t in TRANSPORTS if t != "zmq-ipc" or _has_zmq())
-    report = run(transports, sizes or SIZES, scale, spin_us)
+    report = run(transports, sizes or SIZES, scale, spin_us, repeat)
     click.echo(json.dumps(report) if as_json else _table(report))
 
 
