@@ -21,6 +21,7 @@ import posix_ipc
 SLEEP_SLICE_S = 0.05
 # The first microseconds of a spin poll without yielding: a yield costs ~1 us and, on a loaded machine, can
 # hand the core to another process for a whole time slice, while a peer's answer often takes a few us.
+# The price: two peers squeezed onto one core delay each other by up to this much per hand-over.
 POLL_S = 20e-6
 PEER_CHECK_INTERVAL_S = 0.1
 
