@@ -3,8 +3,10 @@
 `Ring` holds the machinery that SpscRing and BroadcastRing share: one writer and `num_readers` readers over
 the segment layout of spec.py. The writer copies the payload, fences, publishes its counter; a reader copies
 (or views) the payload, fences, publishes its own counter. Python has no memory model, so each publish and
-each read of the peer's counter is fenced with an uncontended lock acquire/release (a full barrier on every
-CPU CPython runs on); vLLM's rings without fences hung and read stale data (issues #27858, #29389).
+each read of the peer's counter is fenced with an uncontended lock acquire/release: two atomic
+read-modify-writes, each a full barrier on x86, that no compiler moves code across. After a publish comes a
+second fence before the peer's announce word is read (the eventcount's store-then-load, see wait.py).
+vLLM's rings without fences hung and read stale data (issues #27858, #29389).
 """
 
 from __future__ import annotations
