@@ -17,6 +17,7 @@ BENCH_COMMANDS: dict[str, str] = {
     "throughput": "tools.bench_offline:cli",
     "scheduler": "tools.bench_scheduler:cli",
     "serve": "tools.bench_serve:cli",
+    "ipc": "tools.bench_ipc:cli",
 }
 
 
