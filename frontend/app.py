@@ -148,7 +148,8 @@ async def _engine_error(request: Request, exc: EngineDeadError) -> Response:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    return error_response(ApiError(exc.status_code, exc.detail))
+    # no route or method: the handler that would have read the body never ran
+    return error_response(ApiError(exc.status_code, exc.detail), body_unread=True)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

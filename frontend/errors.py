@@ -45,9 +45,10 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
                       "code": status}}
 
 
-def error_response(error: ApiError) -> Response:
-    # After a 413 the rest of the body is never read, so the connection cannot carry another request.
-    headers = {"connection": "close"} if error.status == 413 else None
+def error_response(error: ApiError, *, body_unread: bool = False) -> Response:
+    """body_unread: the request body was not (fully) read, so the connection must not carry another
+    request (the client would race the server's half-read stream); "connection: close" says so."""
+    headers = {"connection": "close"} if body_unread or error.status == 413 else None
     return Response(orjson.dumps(error_body(error.status, error.message, error.param)),
                     status_code=error.status, media_type="application/json", headers=headers)
 

@@ -55,14 +55,17 @@ class ServerMetrics:
             "request_prefill_time_seconds", "Time from first scheduling to the first token.", _SLOW)
         self.request_decode_time = histogram(
             "request_decode_time_seconds", "Time from the first token to the last.", _SLOW)
-        success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.",
-                          ["model_name", "finished_reason"], registry=self.registry)
-        self.request_success = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
+        self._success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.",
+                                ["model_name", "finished_reason"], registry=self.registry)
+        self.request_success = {reason: self._success.labels(model_name, reason) for reason in FINISH_REASONS}
 
     def record_finished(self, finish_reason: str, arrival: float, scheduled: float | None,
                         first_token: float | None, last_token: float | None) -> None:
         """One engine request ended: its outcome and its phase latencies (time.monotonic() values)."""
-        self.request_success[finish_reason].inc()
+        counter = self.request_success.get(finish_reason)
+        if counter is None:    # a reason this version does not know yet still gets counted
+            counter = self.request_success[finish_reason] = self._success.labels(self.model_name, finish_reason)
+        counter.inc()
         end = last_token if last_token is not None else time.monotonic()
         self.e2e_request_latency.observe(max(end - arrival, 0.0))
         if scheduled is not None:

@@ -59,6 +59,7 @@ class ServerMiddleware:
 
 
 async def _refuse(send: Send, status: int, message: str, headers: list | None = None) -> None:
+    """An error before the body was read: the connection closes after it (see errors.error_response)."""
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), *(headers or ())]})
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close"), *(headers or ())]})
     await send({"type": "http.response.body", "body": orjson.dumps(error_body(status, message))})

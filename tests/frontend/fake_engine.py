@@ -41,7 +41,7 @@ class _FakeRequest:
 
 class FakeEngine:
     def __init__(self, config: EngineConfig, *, step_delay: float = 0.0, eos_after: int | None = None,
-                 num_blocks: int = 4096, script: str = SCRIPT):
+                 num_blocks: int = 4096, script: str = SCRIPT, coalesce: bool = False):
         self.config = config.finalize()
         self.max_model_len = config.max_model_len
         self.block_size = config.block_size
@@ -51,6 +51,7 @@ class FakeEngine:
         self.eos_token_ids = eos_token_ids(config, tokenizer)
         self.step_delay = step_delay
         self.eos_after = eos_after              # greedy and sampled requests emit EOS after this many tokens
+        self.coalesce = coalesce                # merge the steps a slow consumer has not taken yet into one
         self.running: dict[str, _FakeRequest] = {}
         self.submitted: list[tuple[str, list[int], SamplingParams]] = []
         self.finished: list[str] = []
@@ -102,6 +103,8 @@ class FakeEngine:
         try:
             while True:
                 item = await request.queue.get()
+                while self.coalesce and not isinstance(item, EngineDeadError) and not request.queue.empty():
+                    item = _merge(item, request.queue.get_nowait())
                 if isinstance(item, EngineDeadError):
                     raise item
                 yield item
@@ -150,17 +153,23 @@ class FakeEngine:
         params.validate_against(vocab_size=self.config.vocab_size, max_logprobs=self.config.max_logprobs)
 
     async def _run(self) -> None:
+        """Steps at the engine's own pace: when the event loop comes back late (a busy frontend), the steps
+        a separate engine process would have run meanwhile are all delivered at once."""
         try:
+            last = time.monotonic()
             while self.running:
                 await asyncio.sleep(self.step_delay)
-                self._step += 1
                 now = time.monotonic()
-                for request in list(self.running.values()):
-                    delta = self._advance(request, now)
-                    if delta.finished:
-                        del self.running[request.request_id]
-                        self.finished.append(request.request_id)
-                    request.queue.put_nowait(delta)
+                steps = min(max(int((now - last) / self.step_delay), 1), 64) if self.step_delay else 1
+                last = now if steps == 1 else last + steps * self.step_delay
+                for _ in range(steps):
+                    self._step += 1
+                    for request in list(self.running.values()):
+                        delta = self._advance(request, now)
+                        if delta.finished:
+                            del self.running[request.request_id]
+                            self.finished.append(request.request_id)
+                        request.queue.put_nowait(delta)
         finally:
             self._stepper = None
 
@@ -201,3 +210,15 @@ class FakeEngine:
         order.insert(rank - 1, token)
         values = [-0.1 - 0.5 * i for i in range(len(order))]
         return TokenLogprobs(token_ids=[token] + order[:k], logprobs=[values[rank - 1]] + values[:k], rank=rank)
+
+
+def _merge(first: RequestDelta, later: RequestDelta | EngineDeadError) -> RequestDelta | EngineDeadError:
+    """Two consecutive steps' news as one delta (what a client does when its consumer lags)."""
+    if isinstance(later, EngineDeadError):
+        return later
+    first.new_token_ids = first.new_token_ids + later.new_token_ids
+    if later.logprobs:
+        first.logprobs = (first.logprobs or []) + later.logprobs
+    first.finished, first.finish_reason, first.stop_reason = later.finished, later.finish_reason, later.stop_reason
+    first.timestamp = later.timestamp
+    return first
