@@ -98,8 +98,9 @@ def serve(model: str, **options) -> None:
 
 def _server_config(model: str, options: dict) -> ServerConfig:
     """The ServerConfig the flags describe, validated (bad values raise click.UsageError)."""
+    # Clients name the model as the user typed it (as with vLLM), not as the absolute path finalize() makes.
     engine = EngineConfig(
-        model=model, tokenizer=options["tokenizer"], served_model_name=options["served_model_name"],
+        model=model, tokenizer=options["tokenizer"], served_model_name=options["served_model_name"] or model or None,
         dtype=options["dtype"], max_model_len=options["max_model_len"], load_format=options["load_format"],
         seed=options["seed"], device=options["device"], tensor_parallel_size=options["tensor_parallel_size"],
         enforce_eager=options["enforce_eager"], block_size=int(options["block_size"]),

@@ -89,24 +89,23 @@ class _EngineCollector:
         m = self._metrics
         stats = m.engine.stats
         label = [m.model_name]
-        for name, doc, value in (
-            ("num_requests_running", "Requests in the running batch.", stats.num_running),
-            ("num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
-            ("kv_cache_usage_perc", "KV-cache usage as a fraction: 1 means 100 percent.", stats.kv_cache_usage),
+        for family, name, doc, value in (
+            (GaugeMetricFamily, "num_requests_running", "Requests in the running batch.", stats.num_running),
+            (GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+            (GaugeMetricFamily, "kv_cache_usage_perc", "KV-cache usage as a fraction: 1 means 100 percent.",
+             stats.kv_cache_usage),
+            (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             stats.prefix_cache_queries),
+            (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+             stats.prefix_cache_hits),
+            (CounterMetricFamily, "num_preemptions", "Requests preempted for lack of KV blocks.",
+             stats.num_preemptions),
+            (CounterMetricFamily, "prompt_tokens", "Prompt tokens submitted to the engine.", m.prompt_tokens),
+            (CounterMetricFamily, "generation_tokens", "Tokens generated.", m.generation_tokens),
         ):
-            gauge = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
-            gauge.add_metric(label, value)
-            yield gauge
-        for name, doc, value in (
-            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
-            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
-            ("num_preemptions", "Requests preempted for lack of KV blocks.", stats.num_preemptions),
-            ("prompt_tokens", "Prompt tokens submitted to the engine.", m.prompt_tokens),
-            ("generation_tokens", "Tokens generated.", m.generation_tokens),
-        ):
-            counter = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
-            counter.add_metric(label, value)
-            yield counter
+            metric = family(PREFIX + name, doc, labels=["model_name"])
+            metric.add_metric(label, value)
+            yield metric
 
 
 async def log_stats_periodically(metrics: ServerMetrics, interval: float) -> None:

@@ -104,7 +104,9 @@ def hypercorn_config(config: ServerConfig, fd: int) -> HypercornConfig:
     settings = HypercornConfig()
     settings.bind = [f"fd://{fd}"]
     settings.graceful_timeout = config.shutdown_timeout
-    settings.accesslog = "-" if config.enable_access_log else None
+    # Our loggers, so hypercorn's lines go through the one root handler (no second stderr handler).
+    settings.errorlog = logging.getLogger("hypercorn.error")
+    settings.accesslog = logging.getLogger("hypercorn.access") if config.enable_access_log else None
     settings.loglevel = config.log_level.upper()
     settings.h11_max_incomplete_size = config.max_header_bytes
     return settings

@@ -58,14 +58,10 @@ class OpenAIServingChat(OpenAIServing):
         if delta is not None and job.logprobs is not None and delta.logprobs:
             logprobs = chat_logprobs(delta.logprobs, self.ctx.token_strings, job.logprobs)
         finishing = choice.finish_reason is not None
-        chunk = {"id": job.response_id, "object": self.object_name, "created": job.created,
-                 "model": self.ctx.model_name,
-                 "choices": [{"index": choice.index, "delta": {"content": text} if text or not finishing else {},
-                              "logprobs": logprobs, "finish_reason": choice.finish_reason,
-                              "stop_reason": choice.stop_reason}]}
-        if job.include_usage:
-            chunk["usage"] = None
-        return chunk
+        return self.chunk_for(job, {
+            "index": choice.index, "delta": {"content": text} if text or not finishing else {},
+            "logprobs": logprobs, "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason,
+        })
 
     def _response_body(self, job: GenerationJob) -> dict:
         strs = self.ctx.token_strings
@@ -75,8 +71,7 @@ class OpenAIServingChat(OpenAIServing):
             choices.append({"index": choice.index, "message": {"role": "assistant", "content": choice.text},
                             "logprobs": logprobs, "finish_reason": choice.finish_reason,
                             "stop_reason": choice.stop_reason})
-        body = {"id": job.response_id, "object": "chat.completion", "created": job.created,
-                "model": self.ctx.model_name, "choices": choices, "usage": self.usage(job)}
+        body = self.body_for(job, "chat.completion", choices)
         if job.prompt_logprobs:
             body["prompt_logprobs"] = prompt_logprobs_json(job.choices[0].prompt_logprobs, strs)
         return body

@@ -80,13 +80,8 @@ class OpenAIServingCompletion(OpenAIServing):
             rows += delta.logprobs or ()
             logprobs, choice.text_offset = completion_logprobs(ids, rows, self.ctx.token_strings,
                                                                choice.text_offset)
-        chunk = {"id": job.response_id, "object": self.object_name, "created": job.created,
-                 "model": self.ctx.model_name,
-                 "choices": [{"index": choice.index, "text": text, "logprobs": logprobs,
-                              "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}]}
-        if job.include_usage:
-            chunk["usage"] = None
-        return chunk
+        return self.chunk_for(job, {"index": choice.index, "text": text, "logprobs": logprobs,
+                                    "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason})
 
     def _response_body(self, job: GenerationJob) -> dict:
         strs = self.ctx.token_strings
@@ -108,5 +103,4 @@ class OpenAIServingCompletion(OpenAIServing):
             if job.prompt_logprobs:
                 item["prompt_logprobs"] = prompt_logprobs_json(choice.prompt_logprobs, strs)
             choices.append(item)
-        return {"id": job.response_id, "object": self.object_name, "created": job.created,
-                "model": self.ctx.model_name, "choices": choices, "usage": self.usage(job)}
+        return self.body_for(job, self.object_name, choices)

@@ -290,6 +290,19 @@ class OpenAIServing:
         return {"id": job.response_id, "object": self.object_name, "created": job.created,
                 "model": self.ctx.model_name, "choices": [], "usage": self.usage(job)}
 
+    def chunk_for(self, job: GenerationJob, item: dict) -> dict:
+        """A stream chunk carrying one choice's item (with "usage": null when usage comes at the end)."""
+        chunk = {"id": job.response_id, "object": self.object_name, "created": job.created,
+                 "model": self.ctx.model_name, "choices": [item]}
+        if job.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def body_for(self, job: GenerationJob, object_name: str, choices: list[dict]) -> dict:
+        """A whole (non-streaming) response."""
+        return {"id": job.response_id, "object": object_name, "created": job.created,
+                "model": self.ctx.model_name, "choices": choices, "usage": self.usage(job)}
+
     # ------------------------------------------------------------------ endpoint-specific shapes
     def _prelude(self, job: GenerationJob) -> list[bytes]:
         """SSE chunks sent before any token (chat: the assistant role of each choice)."""

@@ -62,6 +62,14 @@ def test_bad_flag_values_are_usage_errors(launched, tiny_model, args, message):
     assert "Traceback" not in result.output and not launched
 
 
+def test_model_is_served_under_the_name_it_was_given(launched, tiny_model, monkeypatch):
+    monkeypatch.chdir(tiny_model.parent)
+    result = invoke("serve", tiny_model.name, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert launched[0].engine.model_name == tiny_model.name
+    assert launched[0].engine.model == str(tiny_model)
+
+
 def test_missing_model_directory_is_a_usage_error(launched, tmp_path):
     result = invoke("serve", str(tmp_path / "nowhere"), "--device", "cpu")
     assert result.exit_code == 2 and "does not exist" in result.output and not launched

@@ -4,6 +4,7 @@ CORS, X-Request-Id, profiling."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import httpx
@@ -173,3 +174,14 @@ def test_profiling_writes_request_events(guarded):
     assert finish["output_tokens"] == 3 and finish["finish_reason"] == "length"
     assert finish["arrival"] <= finish["first_token"] <= finish["last_token"]
     assert http.post("/stop_profile", headers=AUTH).status_code == 400
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_access_log_only_with_the_flag(tiny_model, caplog, enabled):
+    server, _ = serve_fake(tiny_model, server=ServerConfig(log_stats_interval=0, enable_access_log=enabled))
+    with caplog.at_level(logging.INFO), server, httpx.Client(base_url=server.url) as http:
+        http.get("/v1/models")
+    access = [r for r in caplog.records if r.name == "hypercorn.access"]
+    assert bool(access) == enabled
+    if enabled:
+        assert "/v1/models" in access[-1].getMessage()
