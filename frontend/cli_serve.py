@@ -7,7 +7,15 @@ import sys
 
 import click
 
-from engine.config import DEVICES, DTYPES, LOAD_FORMATS, SCHEDULING_POLICIES, ConfigError, EngineConfig, parse_size
+from engine.config import (
+    DEVICES,
+    DTYPES,
+    LOAD_FORMATS,
+    SCHEDULING_POLICIES,
+    ConfigError,
+    EngineConfig,
+    parse_size,
+)
 from frontend.chat_template import load_chat_template_source
 from frontend.config import LOG_LEVELS, ServerConfig
 

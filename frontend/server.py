@@ -70,13 +70,17 @@ async def _start_engine(engine_client, stop: asyncio.Event) -> bool:
     loop = asyncio.get_running_loop()
     started: asyncio.Future = loop.create_future()
 
+    def settle(error: BaseException | None) -> None:
+        if not started.done():
+            started.set_result(True) if error is None else started.set_exception(error)
+
     def run() -> None:
         try:
             engine_client.start()
         except BaseException as e:  # handed to the event loop, which re-raises it
-            loop.call_soon_threadsafe(lambda: started.done() or started.set_exception(e))
+            loop.call_soon_threadsafe(settle, e)
         else:
-            loop.call_soon_threadsafe(lambda: started.done() or started.set_result(True))
+            loop.call_soon_threadsafe(settle, None)
 
     threading.Thread(target=run, name="engine-start", daemon=True).start()
     stopped = asyncio.ensure_future(stop.wait())

@@ -7,11 +7,11 @@ import time
 from starlette.requests import Request
 
 from engine.outputs import RequestDelta
+from frontend.errors import invalid
 from frontend.generation import Choice
 from frontend.logprobs import completion_logprobs, prompt_logprobs_json
 from frontend.protocol import MAX_PROMPTS, CompletionRequest
 from frontend.responses import DisconnectAwareResponse
-from frontend.errors import invalid
 from frontend.serving_engine import GenerationJob, OpenAIServing
 
 _PROMPT_KINDS = "a string, a list of strings, a list of token ids, or a list of token-id lists"

@@ -129,7 +129,7 @@ def test_completion_logprobs(client):
     lp = result.choices[0].logprobs
     assert lp.tokens == list(SCRIPT[:4])
     assert lp.token_logprobs == [pytest.approx(-0.1)] * 4
-    assert all(len(top) >= 2 and top[tok] == pytest.approx(-0.1) for top, tok in zip(lp.top_logprobs, lp.tokens))
+    assert all(len(top) >= 2 and top[tok] == pytest.approx(-0.1) for top, tok in zip(lp.top_logprobs, lp.tokens, strict=True))
     assert lp.text_offset == [0, 1, 2, 3]
 
 

@@ -15,7 +15,11 @@ import time
 import httpx
 import pytest
 
+from frontend.config import ServerConfig
+from frontend.server import launch_server
 from tests.conftest import REPO
+from tests.frontend.fake_engine import FakeEngine
+from tests.frontend.harness import engine_config
 
 
 class ServerProcess:
@@ -91,3 +95,42 @@ def test_requests_outliving_the_shutdown_timeout_are_aborted(start_server):
     assert len(report["aborted"]) == 1 and report["shut_down"]
     assert elapsed < 5
 
+
+
+class StartFails(FakeEngine):
+    def start(self) -> None:
+        raise RuntimeError("executor 0 failed: weights not found")
+
+
+class StartHangs(FakeEngine):
+    def start(self) -> None:
+        time.sleep(60)
+
+
+def in_process_config(fake: FakeEngine) -> ServerConfig:
+    return ServerConfig(port=0, log_stats_interval=0, engine=fake.config)
+
+
+def test_engine_start_failure_is_raised_with_its_message(tiny_model):
+    fake = StartFails(engine_config(tiny_model))
+    backstop = threading.Timer(10, os.kill, (os.getpid(), signal.SIGTERM))   # a hang ends, and fails
+    backstop.start()
+    try:
+        with pytest.raises(RuntimeError, match="executor 0 failed: weights not found"):
+            launch_server(in_process_config(fake), engine_client=fake)
+    finally:
+        backstop.cancel()
+    assert fake.shut_down
+
+
+def test_sigterm_while_the_engine_starts_stops_the_server(tiny_model):
+    fake = StartHangs(engine_config(tiny_model))
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    began = time.monotonic()
+    timer.start()
+    try:
+        launch_server(in_process_config(fake), engine_client=fake)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - began < 5
+    assert fake.shut_down and not fake.started
