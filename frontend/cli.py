@@ -11,7 +11,10 @@ import importlib
 
 import click
 
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "serve": "frontend.cli_serve:serve",
+    "chat": "frontend.cli_chat:chat",
+}
 
 BENCH_COMMANDS: dict[str, str] = {
     "throughput": "tools.bench_offline:cli",

@@ -1,0 +1,157 @@
+"""create_app: the starlette application over an engine client (routes, middleware, handlers).
+
+Building the app starts nothing; the busy-log task runs in the app's lifespan, i.e. while a server runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from engine.outputs import EngineDeadError
+from engine.tokenizer import load_tokenizer, model_generation_defaults
+from frontend.chat_template import ChatTemplate
+from frontend.cli import _version
+from frontend.config import ServerConfig
+from frontend.errors import ApiError, error_response, from_engine_error
+from frontend.logprobs import TokenStrings
+from frontend.metrics import CONTENT_TYPE, ServerMetrics, log_stats_periodically
+from frontend.middleware import ServerMiddleware
+from frontend.profiling import RequestEventLog
+from frontend.responses import json_response
+from frontend.serving_chat import OpenAIServingChat
+from frontend.serving_completions import OpenAIServingCompletion
+from frontend.serving_engine import ServingContext
+from frontend.serving_tokenization import OpenAIServingTokenization
+
+logger = logging.getLogger("ringserve.server")
+
+
+def create_app(engine_client, config: ServerConfig) -> Starlette:
+    """The OpenAI-compatible app over a started engine client. `app.state.ctx` holds the shared state."""
+    engine_config = engine_client.config
+    tokenizer = load_tokenizer(engine_config)
+    metrics = ServerMetrics(engine_client, engine_config.model_name)
+    ctx = ServingContext(
+        engine=engine_client, config=config, tokenizer=tokenizer, model_name=engine_config.model_name,
+        max_model_len=engine_client.max_model_len, vocab_size=engine_config.vocab_size,
+        max_logprobs=engine_config.max_logprobs, generation_defaults=model_generation_defaults(engine_config),
+        metrics=metrics, events=RequestEventLog(), token_strings=TokenStrings(tokenizer),
+        chat_template=ChatTemplate.for_tokenizer(tokenizer, config.chat_template),
+    )
+    completions = OpenAIServingCompletion(ctx)
+    chat = OpenAIServingChat(ctx)
+    tokenization = OpenAIServingTokenization(ctx)
+    handlers = _Handlers(ctx)
+    routes = [
+        Route("/v1/completions", completions.create_completion, methods=["POST"]),
+        Route("/v1/chat/completions", chat.create_chat_completion, methods=["POST"]),
+        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/health", handlers.health, methods=["GET"]),
+        Route("/metrics", handlers.metrics, methods=["GET"]),
+        Route("/version", handlers.version, methods=["GET"]),
+        Route("/tokenize", tokenization.create_tokenize, methods=["POST"]),
+        Route("/detokenize", tokenization.create_detokenize, methods=["POST"]),
+        Route("/start_profile", handlers.start_profile, methods=["POST"]),
+        Route("/stop_profile", handlers.stop_profile, methods=["POST"]),
+    ]
+    middleware = []
+    if config.allowed_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
+                                     allow_headers=["*"], expose_headers=["x-request-id"]))
+    middleware.append(Middleware(ServerMiddleware, api_key=config.api_key, max_header_bytes=config.max_header_bytes))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        task = None
+        if config.log_stats_interval > 0:
+            task = asyncio.create_task(log_stats_periodically(metrics, config.log_stats_interval))
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            ctx.events.stop()
+
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers={
+        ApiError: _api_error, EngineDeadError: _engine_error, HTTPException: _http_error, Exception: _internal_error,
+    })
+    app.state.ctx = ctx
+    return app
+
+
+class _Handlers:
+    """The small routes: health, models, metrics, version, profiling."""
+
+    def __init__(self, ctx: ServingContext):
+        self.ctx = ctx
+        self.created = int(time.time())
+
+    async def health(self, request: Request) -> Response:
+        engine = self.ctx.engine
+        if engine.is_dead:
+            return error_response(ApiError(503, f"the engine is not running: {engine.dead_error}"))
+        return Response(status_code=200)
+
+    async def models(self, request: Request) -> Response:
+        ctx = self.ctx
+        card = {"id": ctx.model_name, "object": "model", "created": self.created, "owned_by": "ringserve",
+                "root": ctx.engine.config.model, "parent": None, "max_model_len": ctx.max_model_len}
+        return json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def version(self, request: Request) -> Response:
+        return json_response({"version": _version()})
+
+    async def start_profile(self, request: Request) -> Response:
+        ctx = self.ctx
+        directory = ctx.config.profile_dir
+        if not directory:
+            raise ApiError(400, "profiling is disabled; start the server with --profile-dir DIR")
+        if ctx.events.active:
+            raise ApiError(400, "a profile is already running; POST /stop_profile first")
+        engine_result = await ctx.engine.call("start_profile", dir=directory)
+        events = ctx.events.start(directory)
+        return json_response({"status": "started", "dir": directory, "engine": engine_result,
+                              "request_events": events})
+
+    async def stop_profile(self, request: Request) -> Response:
+        ctx = self.ctx
+        if not ctx.events.active:
+            raise ApiError(400, "no profile is running; POST /start_profile first")
+        events = ctx.events.stop()
+        engine_result = await ctx.engine.call("stop_profile")
+        return json_response({"status": "stopped", "dir": ctx.config.profile_dir, "engine": engine_result,
+                              "request_events": events})
+
+
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    return error_response(exc)
+
+
+async def _engine_error(request: Request, exc: EngineDeadError) -> Response:
+    return error_response(from_engine_error(exc))
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    # no route or method: the handler that would have read the body never ran
+    return error_response(ApiError(exc.status_code, exc.detail), body_unread=True)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    logger.error("unhandled error on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+    return error_response(ApiError(500, f"internal error: {type(exc).__name__}"))

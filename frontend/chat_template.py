@@ -1,0 +1,152 @@
+"""Chat templates: chosen from --chat-template or the tokenizer, rendered in a sandboxed Jinja environment.
+
+Templates come from model repositories, i.e. from strangers, so they run in Jinja's immutable sandbox with
+the same helpers and whitespace rules that transformers' apply_chat_template gives them (trim_blocks,
+lstrip_blocks, loop controls, a JSON filter that keeps non-ASCII, raise_exception, strftime_now), so a
+prompt renders here exactly as it does there. Rendering is CPU work: callers run it off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from frontend.errors import ApiError, invalid
+from frontend.protocol import ChatMessage
+
+# Appended to the final message to find where it ends in the rendered prompt (continue_final_message).
+# The trailing space tells whether the template trimmed the message.
+_CONTINUE_MARK = "RINGSERVE_CONTINUE_FINAL_MESSAGE "
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Accepts `{% generation %}...{% endgeneration %}` (used to mark assistant tokens) and renders the body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def load_chat_template_source(value: str) -> str:
+    """--chat-template's value: the template itself when it contains Jinja markup, else a file to read."""
+    if "{{" in value or "{%" in value:
+        return value
+    if not os.path.isfile(value):
+        raise ValueError(f"chat template {value!r} is neither a Jinja template nor a readable file")
+    with open(value, encoding="utf-8") as f:
+        return f.read()
+
+
+class ChatTemplate:
+    """A compiled chat template plus the tokenizer's special tokens it may refer to (bos_token, ...)."""
+
+    def __init__(self, source: str, special_tokens: dict[str, str] | None = None):
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise ValueError(f"the chat template does not compile: {e} (line {e.lineno})") from None
+        self._special_tokens = dict(special_tokens or {})
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, override: str | None = None) -> ChatTemplate | None:
+        """The template from --chat-template when given, else the tokenizer's; None when neither exists."""
+        source = load_chat_template_source(override) if override else getattr(tokenizer, "chat_template", None)
+        if isinstance(source, dict):     # several named templates: the default one serves chat
+            source = source.get("default")
+        if not source:
+            return None
+        special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        return cls(source, special)
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
+               continue_final_message: bool = False, extra: dict | None = None) -> str:
+        """The prompt text; template failures raise ApiError(400) with the template's message."""
+        if continue_final_message:
+            if add_generation_prompt:
+                raise invalid("continue_final_message and add_generation_prompt cannot both be true",
+                              "continue_final_message")
+            final = messages[-1]
+            if not isinstance(final.get("content"), str):
+                raise invalid("continue_final_message needs a final message with text content", "messages")
+            messages = [*messages[:-1], {**final, "content": final["content"] + _CONTINUE_MARK}]
+        variables = {**self._special_tokens, **(extra or {}), "messages": messages, "tools": None,
+                     "documents": None, "add_generation_prompt": add_generation_prompt}
+        try:
+            text = self._template.render(**variables)
+        except jinja2.TemplateError as e:
+            raise invalid(f"chat template error: {e}", "messages") from None
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            raise invalid(f"the chat template failed on these messages: {type(e).__name__}: {e}",
+                          "messages") from None
+        if continue_final_message:
+            mark = _CONTINUE_MARK.strip()
+            at = text.rfind(mark)
+            if at == -1:
+                raise invalid("the chat template dropped the final message, so it cannot be continued",
+                              "continue_final_message")
+            # A template that trims messages also trimmed the final message's trailing space.
+            text = text[:at] if text.startswith(_CONTINUE_MARK, at) else text[:at].rstrip()
+        return text
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Request messages as the template sees them: content parts flattened to text (text parts only)."""
+    out = []
+    for i, message in enumerate(messages):
+        item = {"role": message.role, "content": _text_content(message.content, i)}
+        for name in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+            value = getattr(message, name)
+            if value is not None:
+                item[name] = value
+        out.append(item)
+    return out
+
+
+def _text_content(content: str | list[dict] | None, index: int) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind != "text":
+            raise ApiError(400, f"content part type {kind!r} is not supported; only 'text' parts are",
+                           f"messages[{index}].content[{j}].type")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise invalid("a text content part needs a string 'text'", f"messages[{index}].content[{j}].text")
+        texts.append(text)
+    return "\n".join(texts)

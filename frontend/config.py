@@ -1,0 +1,41 @@
+"""ServerConfig: the HTTP server's options plus the one EngineConfig that flows into the engine."""
+
+from __future__ import annotations
+
+import msgspec
+
+from engine.config import ConfigError, EngineConfig
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+MiB = 1 << 20
+
+
+class ServerConfig(msgspec.Struct, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None               # when set, every route but /health needs "Bearer <key>"
+    allowed_origins: list[str] = []          # CORS; empty: no CORS headers at all
+    chat_template: str | None = None         # a file path or the template itself; default: the tokenizer's
+    shutdown_timeout: float = 5.0            # seconds in-flight requests may finish after SIGTERM
+    enable_access_log: bool = False
+    log_level: str = "info"
+    profile_dir: str | None = None           # where /start_profile writes traces; None: profiling disabled
+    max_request_body_bytes: int = 16 * MiB   # larger bodies get 413
+    max_header_bytes: int = 16 * 1024        # request line + headers; larger requests are refused
+    log_stats_interval: float = 5.0          # seconds between "engine busy" log lines; 0 disables them
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+
+    def validate(self) -> ServerConfig:
+        """Check the server's own options (the engine's are checked by EngineConfig.finalize)."""
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}; got {self.log_level!r}")
+        if self.shutdown_timeout < 0:
+            raise ConfigError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        for name in ("max_request_body_bytes", "max_header_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.api_key == "":
+            raise ConfigError("api_key must not be empty")
+        return self

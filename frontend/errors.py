@@ -1,0 +1,77 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, with the HTTP status."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+import orjson
+from starlette.responses import Response
+
+from engine.outputs import EngineDeadError
+
+# msgspec locates a bad value as "... - at `$.messages[0].content`"; the param is what follows "$.".
+_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    413: "RequestTooLargeError",
+    431: "RequestHeaderFieldsTooLargeError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class ApiError(Exception):
+    """A request the server refuses; `param` names the offending request field when there is one."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def invalid(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "Error"), "param": param,
+                      "code": status}}
+
+
+def error_response(error: ApiError, *, body_unread: bool = False) -> Response:
+    """body_unread: the request body was not (fully) read, so the connection must not carry another
+    request (the client would race the server's half-read stream); "connection: close" says so."""
+    headers = {"connection": "close"} if body_unread or error.status == 413 else None
+    return Response(orjson.dumps(error_body(error.status, error.message, error.param)),
+                    status_code=error.status, media_type="application/json", headers=headers)
+
+
+def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
+    """A msgspec decode failure as a 400 naming the field ("messages[0].content")."""
+    text = str(error)
+    if isinstance(error, msgspec.DecodeError) and not isinstance(error, msgspec.ValidationError):
+        return invalid(f"request body is not valid JSON: {text}")
+    match = _PATH.search(text)
+    # a mapping's values are located as "logit_bias[...]": the param is the mapping
+    param = (match.group(1).replace("[...]", "") or None) if match else None
+    message = text[:match.start()] if match else text
+    missing = _MISSING.search(message)
+    if missing:
+        param = f"{param}.{missing.group(1)}" if param else missing.group(1)
+    return invalid(f"{message} (param {param})" if param else message, param)
+
+
+def from_engine_error(error: Exception) -> ApiError:
+    """What the engine raised for one request, as the status it deserves."""
+    if isinstance(error, EngineDeadError):
+        return ApiError(503, f"the engine is not running: {error}")
+    if isinstance(error, ValueError):
+        return invalid(str(error))
+    return ApiError(500, f"internal error: {type(error).__name__}: {error}")

@@ -1,0 +1,317 @@
+"""What the completions and chat handlers share: reading and checking a request, building sampling params
+and choices, and running the response (SSE stream or one JSON body) against the engine.
+
+Subclasses say how their chunks and bodies look (`_chunk`, `_response_body`, `_prelude`); the streaming
+loop here is the per-token hot path: a text-only step costs one prebuilt-bytes join and one `send`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TypeVar
+
+import msgspec
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Send
+
+from engine.detokenizer import Detokenizer, backend_tokenizer
+from engine.outputs import RequestDelta
+from engine.sampling_params import SamplingParams
+from frontend.chat_template import ChatTemplate, template_messages
+from frontend.config import ServerConfig
+from frontend.errors import ApiError, error_body, from_engine_error, from_validation_error, invalid
+from frontend.generation import Choice, ChoiceEvent, merge_streams, stream_choice
+from frontend.logprobs import TokenStrings
+from frontend.metrics import ServerMetrics
+from frontend.profiling import RequestEventLog
+from frontend.protocol import MAX_CHOICES, ChatCompletionRequest, SamplingRequest, TokenizeRequest
+from frontend.responses import JSON_HEADERS, SSE_DONE, SSE_HEADERS, DisconnectAwareResponse, sse_event
+
+logger = logging.getLogger("ringserve.serving")
+
+T = TypeVar("T")
+_FIELD = re.compile(r"[a-z_]+")
+_INLINE_TOKENIZE_CHARS = 8192
+_TEXT_PROBE = "\x00"                       # stands in for a chunk's text to split it into prebuilt parts
+_TEXT_PROBE_JSON = orjson.dumps(_TEXT_PROBE)
+
+
+@dataclass(slots=True)
+class ServingContext:
+    """Everything the handlers share, built once by create_app."""
+
+    engine: object
+    config: ServerConfig
+    tokenizer: object
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    max_logprobs: int
+    generation_defaults: dict
+    metrics: ServerMetrics
+    events: RequestEventLog
+    token_strings: TokenStrings
+    chat_template: ChatTemplate | None
+
+
+@dataclass(slots=True)
+class GenerationJob:
+    """One API request on its way through the engine."""
+
+    response_id: str
+    created: int
+    choices: list[Choice]
+    prompt_tokens: int                      # usage: each prompt counted once, whatever n is
+    stream: bool
+    include_usage: bool
+    logprobs: int | None                    # per-token logprobs asked for (None: not asked)
+    priority: int = 0
+    cache_salt: str | None = None
+    echo: bool = False
+    prompt_logprobs: bool = False           # vLLM's prompt_logprobs asked for (shown in the response)
+
+
+class OpenAIServing:
+    object_name = ""                        # "text_completion", "chat.completion.chunk", ...
+
+    def __init__(self, ctx: ServingContext):
+        self.ctx = ctx
+        self.engine = ctx.engine
+        backend = backend_tokenizer(ctx.tokenizer)
+        self._encode = backend.encode
+        self._decode = backend.decode
+
+    # ------------------------------------------------------------------ reading and checking requests
+    async def read(self, request: Request, kind: type[T]) -> T:
+        """The body decoded as `kind`: 413 past the size limit, 400 naming the field on a bad value."""
+        limit = self.ctx.config.max_request_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise ApiError(400, "the client disconnected while sending the request") from None
+        try:
+            body = msgspec.json.decode(b"".join(chunks), type=kind)
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            raise from_validation_error(e) from None
+        except RecursionError:
+            raise invalid("request body is nested too deeply") from None
+        self.check_model(getattr(body, "model", None))
+        return body
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.ctx.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist; this server serves "
+                                f"`{self.ctx.model_name}`.", "model")
+
+    def check_engine(self) -> None:
+        if self.engine.is_dead:
+            raise ApiError(503, f"the engine is not running: {self.engine.dead_error}")
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._decode(ids, skip_special_tokens=skip_special_tokens)
+
+    async def tokenize_prompts(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        """Short prompts are tokenized inline; long ones in a worker thread so other streams keep flowing."""
+        if sum(map(len, texts)) < _INLINE_TOKENIZE_CHARS:
+            return [self.tokenize(text, add_special_tokens) for text in texts]
+        return await asyncio.to_thread(lambda: [self.tokenize(text, add_special_tokens) for text in texts])
+
+    async def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool) -> list[int]:
+        """req.messages rendered by the chat template and tokenized, in a worker thread (Jinja is slow)."""
+        template = self.ctx.chat_template
+        if template is None:
+            raise invalid("this model has no chat template; start the server with --chat-template", "messages")
+        rendered = template_messages(req.messages)
+
+        def render() -> list[int]:
+            text = template.render(rendered, add_generation_prompt=req.add_generation_prompt,
+                                   continue_final_message=req.continue_final_message,
+                                   extra=req.chat_template_kwargs)
+            return self.tokenize(text, add_special_tokens)
+
+        return await asyncio.to_thread(render)
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        vocab = self.ctx.vocab_size
+        if ids and (max(ids) >= vocab or min(ids) < 0):
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise invalid(f"token id {bad} is outside the vocabulary [0, {vocab})", param)
+
+    def sampling_params(self, req: SamplingRequest, *, logprobs: int | None, prompt_logprobs: int | None,
+                        names: dict[str, str]) -> SamplingParams:
+        """The request's SamplingParams (n kept, max_tokens set per prompt later), resolved and checked.
+
+        `names` maps SamplingParams fields to this endpoint's request fields, for error messages.
+        """
+        logit_bias = None
+        if req.logit_bias is not None:
+            try:
+                logit_bias = {int(token): bias for token, bias in req.logit_bias.items()}
+            except ValueError:
+                raise invalid("logit_bias keys must be token ids (integers as strings)", "logit_bias") from None
+        try:
+            params = SamplingParams(
+                n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                seed=req.seed, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty, stop=req.stop or [],
+                stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos, max_tokens=None,
+                min_tokens=req.min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                logit_bias=logit_bias, allowed_token_ids=req.allowed_token_ids,
+                skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+            ).resolved(self.ctx.generation_defaults)
+            params.validate_against(vocab_size=self.ctx.vocab_size, max_logprobs=self.ctx.max_logprobs)
+        except ValueError as e:
+            field = _FIELD.match(str(e))
+            name = field.group(0) if field else None
+            raise invalid(str(e), names.get(name, name)) from None
+        return params
+
+    def prompt_params(self, params: SamplingParams, prompt_len: int, max_tokens: int | None,
+                      max_tokens_param: str, prompt_param: str) -> SamplingParams:
+        """Params for one prompt: max_tokens defaults to what the context has left, as in vLLM."""
+        limit = self.ctx.max_model_len
+        if prompt_len == 0:
+            raise invalid("the prompt is empty", prompt_param)
+        if prompt_len >= limit:
+            raise invalid(f"This model's maximum context length is {limit} tokens, and the prompt has "
+                          f"{prompt_len} tokens, which leaves no room for output.", prompt_param)
+        if max_tokens is None:
+            max_tokens = limit - prompt_len
+        elif prompt_len + max_tokens > limit:
+            raise invalid(f"This model's maximum context length is {limit} tokens. However, you requested "
+                          f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "
+                          f"the completion). Please reduce the prompt or max_tokens.", max_tokens_param)
+        if params.min_tokens > max_tokens:
+            raise invalid(f"min_tokens ({params.min_tokens}) must be at most max_tokens ({max_tokens})",
+                          "min_tokens")
+        return msgspec.structs.replace(params, max_tokens=max_tokens)
+
+    def make_choices(self, prefix: str, prompts: list[list[int]], params: list[SamplingParams], n: int,
+                     arrival: float, keep_output: bool, echo_texts: list[str] | None = None) -> list[Choice]:
+        """n choices per prompt, indexed prompt-major; child i of a prompt gets params.child(i)."""
+        if len(prompts) * n > MAX_CHOICES:
+            raise invalid(f"{len(prompts)} prompts x n={n} makes more than {MAX_CHOICES} choices", "n")
+        ctx = self.ctx
+        choices = []
+        for p, (ids, prompt_params) in enumerate(zip(prompts, params, strict=True)):
+            for i in range(n):
+                child = prompt_params.child(i)
+                index = p * n + i
+                choices.append(Choice(
+                    index, f"{prefix}-{index}", ids, child, Detokenizer(ctx.tokenizer, child, ids), arrival,
+                    ctx.metrics, ctx.events, keep_output=keep_output,
+                    echo_text=echo_texts[p] if echo_texts else "",
+                ))
+        return choices
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    # ------------------------------------------------------------------ running the response
+    def respond(self, job: GenerationJob) -> DisconnectAwareResponse:
+        if job.stream:
+            for choice in job.choices:
+                head, _, tail = sse_event(self._chunk(job, choice, _TEXT_PROBE, None)).partition(_TEXT_PROBE_JSON)
+                choice.chunk_head, choice.chunk_tail = head, tail
+            return DisconnectAwareResponse(lambda send: self._stream(job, send))
+        return DisconnectAwareResponse(lambda send: self._complete(job, send))
+
+    def _events(self, job: GenerationJob) -> AsyncIterator[ChoiceEvent]:
+        streams = [stream_choice(self.engine, choice, priority=job.priority, cache_salt=job.cache_salt)
+                   for choice in job.choices]
+        return streams[0] if len(streams) == 1 else merge_streams(streams)
+
+    async def _stream(self, job: GenerationJob, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        body = "http.response.body"
+        try:
+            for chunk in self._prelude(job):
+                await send({"type": body, "body": chunk, "more_body": True})
+            with_logprobs = job.logprobs is not None
+            async with aclosing(self._events(job)) as events:
+                async for choice, text, delta in events:
+                    if choice.finish_reason is None and not with_logprobs:
+                        if not text:
+                            continue
+                        chunk = choice.chunk_head + orjson.dumps(text) + choice.chunk_tail
+                    else:
+                        chunk = sse_event(self._chunk(job, choice, text, delta))
+                    await send({"type": body, "body": chunk, "more_body": True})
+            if job.include_usage:
+                await send({"type": body, "body": sse_event(self._usage_chunk(job)), "more_body": True})
+        except Exception as e:  # the stream has started: report in-band, then end it properly
+            error = from_engine_error(e)
+            if error.status == 500:
+                logger.exception("request %s failed mid-stream", job.response_id)
+            await send({"type": body, "body": sse_event(error_body(error.status, error.message)),
+                        "more_body": True})
+        await send({"type": body, "body": SSE_DONE, "more_body": False})
+
+    async def _complete(self, job: GenerationJob, send: Send) -> None:
+        try:
+            async with aclosing(self._events(job)) as events:
+                async for _ in events:
+                    pass
+            status, body = 200, self._response_body(job)
+        except Exception as e:
+            error = from_engine_error(e)
+            if error.status == 500:
+                logger.exception("request %s failed", job.response_id)
+            status, body = error.status, error_body(error.status, error.message, error.param)
+        await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+        await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
+
+    def usage(self, job: GenerationJob) -> dict:
+        completion = sum(choice.num_output_tokens for choice in job.choices)
+        return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": job.prompt_tokens + completion}
+
+    def _usage_chunk(self, job: GenerationJob) -> dict:
+        return {"id": job.response_id, "object": self.object_name, "created": job.created,
+                "model": self.ctx.model_name, "choices": [], "usage": self.usage(job)}
+
+    def chunk_for(self, job: GenerationJob, item: dict) -> dict:
+        """A stream chunk carrying one choice's item (with "usage": null when usage comes at the end)."""
+        chunk = {"id": job.response_id, "object": self.object_name, "created": job.created,
+                 "model": self.ctx.model_name, "choices": [item]}
+        if job.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def body_for(self, job: GenerationJob, object_name: str, choices: list[dict]) -> dict:
+        """A whole (non-streaming) response."""
+        return {"id": job.response_id, "object": object_name, "created": job.created,
+                "model": self.ctx.model_name, "choices": choices, "usage": self.usage(job)}
+
+    # ------------------------------------------------------------------ endpoint-specific shapes
+    def _prelude(self, job: GenerationJob) -> list[bytes]:
+        """SSE chunks sent before any token (chat: the assistant role of each choice)."""
+        return []
+
+    def _chunk(self, job: GenerationJob, choice: Choice, text: str, delta: RequestDelta | None) -> dict:
+        """A stream chunk for one choice's step; delta None builds the template of a plain text chunk."""
+        raise NotImplementedError
+
+    def _response_body(self, job: GenerationJob) -> dict:
+        raise NotImplementedError
+

@@ -1,0 +1,103 @@
+"""frontend/chat_template.py: renders exactly as transformers' apply_chat_template; sandboxed; text parts only."""
+
+from __future__ import annotations
+
+import pytest
+
+from frontend.chat_template import ChatTemplate, load_chat_template_source, template_messages
+from frontend.errors import ApiError
+from frontend.protocol import ChatMessage
+from tests.conftest import shared_path
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name a colour. 🙂"},
+    {"role": "assistant", "content": "Blue."},
+    {"role": "user", "content": "Another, in 日本語?"},
+]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama3"])
+def tokenizer(request):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(shared_path("models", "tokenizers", request.param)))
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_render_equals_transformers(tokenizer, add_generation_prompt):
+    template = ChatTemplate.for_tokenizer(tokenizer)
+    ours = template.render(CONVERSATION, add_generation_prompt=add_generation_prompt)
+    theirs = tokenizer.apply_chat_template(CONVERSATION, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+    assert ours == theirs
+
+
+def test_continue_final_message_equals_transformers(tokenizer):
+    conversation = [*CONVERSATION, {"role": "assistant", "content": "Green, or in Japanese "}]
+    ours = ChatTemplate.for_tokenizer(tokenizer).render(conversation, add_generation_prompt=False,
+                                                        continue_final_message=True)
+    theirs = tokenizer.apply_chat_template(conversation, tokenize=False, continue_final_message=True)
+    assert ours == theirs
+    assert ours.rstrip().endswith("Green, or in Japanese")
+
+
+def test_template_kwargs_reach_the_template():
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(shared_path("models", "tokenizers", "qwen3")))
+    template = ChatTemplate.for_tokenizer(tokenizer)
+    ours = template.render(CONVERSATION, extra={"enable_thinking": False})
+    assert ours == tokenizer.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True,
+                                                 enable_thinking=False)
+    assert ours != template.render(CONVERSATION)
+
+
+def test_special_tokens_are_visible_to_the_template():
+    template = ChatTemplate("{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}",
+                            {"bos_token": "<s>", "eos_token": "</s>"})
+    assert template.render([{"role": "user", "content": "hi"}], add_generation_prompt=False) == "<s>hi</s>"
+
+
+def test_sandbox_refuses_python_internals():
+    template = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ApiError) as info:
+        template.render([{"role": "user", "content": "x"}])
+    assert info.value.status == 400
+
+
+def test_raise_exception_becomes_a_400_with_the_templates_message():
+    template = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('roles must alternate') }}"
+                            "{% endif %}ok")
+    with pytest.raises(ApiError) as info:
+        template.render([{"role": "assistant", "content": "x"}])
+    assert "roles must alternate" in info.value.message and info.value.param == "messages"
+
+
+def test_generation_tag_renders_its_body():
+    template = ChatTemplate("{% for m in messages %}{% generation %}[{{ m['content'] }}]{% endgeneration %}{% endfor %}")
+    assert template.render([{"role": "assistant", "content": "a"}], add_generation_prompt=False) == "[a]"
+
+
+def test_syntax_error_is_a_clear_value_error():
+    with pytest.raises(ValueError, match="does not compile"):
+        ChatTemplate("{% for %}")
+
+
+def test_text_parts_are_joined_and_other_parts_refused():
+    parts = ChatMessage(role="user", content=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
+    assert template_messages([parts]) == [{"role": "user", "content": "a\nb"}]
+    image = ChatMessage(role="user", content=[{"type": "text", "text": "a"},
+                                              {"type": "image_url", "image_url": {"url": "x"}}])
+    with pytest.raises(ApiError) as info:
+        template_messages([ChatMessage(role="system", content="s"), image])
+    assert info.value.status == 400 and info.value.param == "messages[1].content[1].type"
+
+
+def test_template_source_is_inline_or_a_file(tmp_path):
+    assert load_chat_template_source("{{ messages }}") == "{{ messages }}"
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert load_chat_template_source(str(path)) == path.read_text()
+    with pytest.raises(ValueError, match="neither a Jinja template nor a readable file"):
+        load_chat_template_source(str(tmp_path / "missing.jinja"))

@@ -1,0 +1,112 @@
+"""`ringserve serve` (flags into one ServerConfig; user mistakes are one-line errors, exit 2) and
+`ringserve chat` (streams replies and keeps the conversation) against a fake-engine server."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+import frontend.server
+from frontend.cli import main
+from tests.frontend.fake_engine import SCRIPT
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    configs = []
+    monkeypatch.setattr(frontend.server, "launch_server", lambda config: configs.append(config))
+    return configs
+
+
+def invoke(*args: str, **kwargs):
+    return CliRunner().invoke(main, list(args), **kwargs)
+
+
+def test_help_lists_the_commands():
+    result = invoke("--help")
+    assert result.exit_code == 0 and "serve" in result.output and "chat" in result.output
+    serve_help = invoke("serve", "--help")
+    assert serve_help.exit_code == 0 and "--max-model-len" in serve_help.output and "-tp" in serve_help.output
+
+
+def test_flags_become_one_server_config(launched, tiny_model):
+    result = invoke("serve", str(tiny_model), "--port", "0", "--host", "127.0.0.1", "--api-key", "k",
+                    "--served-model-name", "mine", "--max-model-len", "0.25k", "--kv-cache-memory", "2GiB",
+                    "-tp", "1", "--no-enable-prefix-caching", "--device", "cpu", "--block-size", "32",
+                    "--max-num-seqs", "8", "--max-num-batched-tokens", "1k", "--allowed-origins", "https://a,https://b",
+                    "--allowed-origins", "https://c", "--shutdown-timeout", "2.5", "--enable-access-log",
+                    "--scheduling-policy", "priority", "--log-level", "warning")
+    assert result.exit_code == 0, result.output
+    (config,) = launched
+    engine = config.engine
+    assert (config.port, config.api_key, config.shutdown_timeout, config.enable_access_log) == (0, "k", 2.5, True)
+    assert config.allowed_origins == ["https://a", "https://b", "https://c"] and config.log_level == "warning"
+    assert engine.finalized and engine.model_name == "mine" and engine.max_model_len == 256
+    assert engine.kv_cache_memory == 2 * GiB and engine.enable_prefix_caching is False
+    assert (engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens) == (32, 8, 1024)
+    assert engine.scheduling_policy == "priority" and engine.resolved_device == "cpu"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-model-len", "lots"], "cannot read 'lots' as a size"),
+    (["--max-model-len", "64k"], "exceeds the model's limit"),
+    (["--port", "70000"], "70000"),
+    (["--chat-template", "/no/such/template.jinja"], "neither a Jinja template nor a readable file"),
+    (["--gpu-memory-utilization", "1.5"], "1.5"),
+])
+def test_bad_flag_values_are_usage_errors(launched, tiny_model, args, message):
+    result = invoke("serve", str(tiny_model), "--device", "cpu", *args)
+    assert result.exit_code == 2 and message in result.output
+    assert "Traceback" not in result.output and not launched
+
+
+def test_model_is_served_under_the_name_it_was_given(launched, tiny_model, monkeypatch):
+    monkeypatch.chdir(tiny_model.parent)
+    result = invoke("serve", tiny_model.name, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert launched[0].engine.model_name == tiny_model.name
+    assert launched[0].engine.model == str(tiny_model)
+
+
+def test_missing_model_directory_is_a_usage_error(launched, tmp_path):
+    result = invoke("serve", str(tmp_path / "nowhere"), "--device", "cpu")
+    assert result.exit_code == 2 and "does not exist" in result.output and not launched
+
+
+def test_engine_start_failure_is_one_line_and_exit_1(monkeypatch, tiny_model):
+    def fail(config):
+        raise RuntimeError("executor 0 failed: CUDA out of memory")
+
+    monkeypatch.setattr(frontend.server, "launch_server", fail)
+    result = invoke("serve", str(tiny_model), "--device", "cpu")
+    assert result.exit_code == 1
+    assert "error: the engine failed to start: executor 0 failed: CUDA out of memory" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_taken_port_is_a_usage_error(monkeypatch, tiny_model):
+    def taken(config):
+        raise OSError("cannot listen on 127.0.0.1:80: Permission denied")
+
+    monkeypatch.setattr(frontend.server, "launch_server", taken)
+    result = invoke("serve", str(tiny_model), "--device", "cpu")
+    assert result.exit_code == 2 and "cannot listen on" in result.output
+
+
+def test_chat_streams_replies_and_keeps_the_conversation(served):
+    server, fake = served
+    result = invoke("chat", "--url", server.url + "/v1", "--temperature", "0", "--max-tokens", "9",
+                    "--system", "be brief", input="hello\nagain\n/exit\n")
+    assert result.exit_code == 0, result.output
+    assert "Chatting with tiny" in result.output
+    assert result.output.count(SCRIPT[:9]) == 2
+    second_prompt = bytes(t for t in fake.submitted[-1][1] if t < 256).decode()   # special tokens dropped
+    for part in ("be brief", "hello", SCRIPT[:9], "again"):
+        assert part in second_prompt
+
+
+def test_chat_reports_an_unreachable_server():
+    result = invoke("chat", "--url", "http://127.0.0.1:9/v1", input="")
+    assert result.exit_code == 1 and "cannot reach the server" in result.output

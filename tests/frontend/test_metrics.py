@@ -1,0 +1,80 @@
+"""frontend/metrics.py on its own: per-app registries, phase latencies, unknown finish reasons, busy log."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.protocol import SchedulerStats
+from frontend.metrics import ServerMetrics, log_stats_periodically
+
+
+class StatsOnly:
+    def __init__(self):
+        self.stats = SchedulerStats()
+
+
+def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for sample in family.samples:
+            out[sample.name, tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_each_app_has_its_own_registry():
+    a, b = ServerMetrics(StatsOnly(), "a"), ServerMetrics(StatsOnly(), "b")
+    a.generation_tokens += 7
+    assert samples(a)["ringserve:generation_tokens_total", (("model_name", "a"),)] == 7
+    assert samples(b)["ringserve:generation_tokens_total", (("model_name", "b"),)] == 0
+
+
+def test_engine_stats_are_read_at_scrape_time():
+    engine = StatsOnly()
+    metrics = ServerMetrics(engine, "m")
+    engine.stats = SchedulerStats(num_running=3, num_waiting=2, kv_cache_usage=0.25, prefix_cache_queries=100,
+                                  prefix_cache_hits=40, num_preemptions=1)
+    got = samples(metrics)
+    label = (("model_name", "m"),)
+    assert got["ringserve:num_requests_running", label] == 3
+    assert got["ringserve:num_requests_waiting", label] == 2
+    assert got["ringserve:kv_cache_usage_perc", label] == 0.25
+    assert got["ringserve:prefix_cache_hits_total", label] == 40
+    assert got["ringserve:num_preemptions_total", label] == 1
+
+
+def test_record_finished_observes_each_phase():
+    metrics = ServerMetrics(StatsOnly(), "m")
+    metrics.record_finished("length", arrival=10.0, scheduled=10.5, first_token=11.0, last_token=13.0)
+    metrics.record_finished("some_new_reason", arrival=0.0, scheduled=None, first_token=None, last_token=1.0)
+    got = samples(metrics)
+    label = (("model_name", "m"),)
+    assert got["ringserve:request_queue_time_seconds_sum", label] == 0.5
+    assert got["ringserve:request_prefill_time_seconds_sum", label] == 0.5
+    assert got["ringserve:request_decode_time_seconds_sum", label] == 2.0
+    assert got["ringserve:e2e_request_latency_seconds_sum", label] == 3.0 + 1.0
+    reason = (("finished_reason", "some_new_reason"), ("model_name", "m"))
+    assert got["ringserve:request_success_total", reason] == 1
+
+
+def test_busy_log_line_only_while_busy(caplog):
+    engine = StatsOnly()
+    metrics = ServerMetrics(engine, "m")
+
+    async def run():
+        task = asyncio.create_task(log_stats_periodically(metrics, 0.05))
+        await asyncio.sleep(0.12)                       # idle: nothing to say
+        idle_lines = len(caplog.records)
+        engine.stats = SchedulerStats(num_running=2, kv_cache_usage=0.5)
+        metrics.generation_tokens += 100
+        await asyncio.sleep(0.08)
+        task.cancel()
+        return idle_lines
+
+    with caplog.at_level(logging.INFO, logger="ringserve.metrics"):
+        idle_lines = asyncio.run(run())
+    assert idle_lines == 0
+    line = caplog.records[-1].getMessage()
+    assert "Running: 2 reqs" in line and "KV cache usage: 50.0%" in line and "Generation throughput" in line
