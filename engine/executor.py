@@ -11,10 +11,6 @@ from __future__ import annotations
 import os
 import sys
 
-from shm.broadcast import BroadcastRing
-from shm.ring import RingSpec, SpscRing
-from shm.wait import PeerDiedError
-
 from engine.config import EngineConfig
 from engine.process import child_args, error_text, parent_check
 from engine.protocol import (
@@ -27,6 +23,9 @@ from engine.protocol import (
     ExecutorReply,
     SchedulerOutput,
 )
+from shm.broadcast import BroadcastRing
+from shm.ring import RingSpec, SpscRing
+from shm.wait import PeerDiedError
 
 CPU_SPIN_US = 100
 CUDA_SPIN_US = 2000

@@ -123,7 +123,7 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
-        return [request.result(self.tokenizer, streams) for request in requests]
+        return [request.result(streams) for request in requests]
 
 
 @dataclass
@@ -133,12 +133,12 @@ class _Pending:
     params: SamplingParams
     request_id: str = ""
 
-    def result(self, tokenizer, streams: dict[str, _Stream]) -> RequestOutput:
+    def result(self, streams: dict[str, _Stream]) -> RequestOutput:
         children = [streams[f"{self.request_id}-{i}"] for i in range(self.params.n)]
         first = children[0]
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
-            outputs=[c.completion(tokenizer) for c in children],
+            outputs=[c.completion() for c in children],
             prompt_logprobs=first.prompt_logprobs_dicts(),
             num_cached_tokens=first.num_cached_tokens, finished=True,
         )
@@ -159,15 +159,16 @@ class _Stream:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
-    text: str | None = None
     detokenizer: object = None
 
     def __post_init__(self) -> None:
-        params = self.request.params
-        if params.stop:
-            from engine.detokenizer import IncrementalDetokenizer
+        if self.request.params.stop:        # stop strings must be found while generating
+            self.detokenizer = self._new_detokenizer()
 
-            self.detokenizer = IncrementalDetokenizer(self.tokenizer, self.request.prompt_token_ids, params)
+    def _new_detokenizer(self):
+        from engine.detokenizer import Detokenizer
+
+        return Detokenizer(self.tokenizer, self.request.params, self.request.prompt_token_ids)
 
     def apply(self, delta: RequestDelta) -> bool:
         """Take one delta; True when a stop string ended the sequence (the engine must abort it)."""
@@ -181,31 +182,31 @@ class _Stream:
         self.token_ids.extend(new)
         if delta.logprobs:
             self.logprobs.extend(delta.logprobs)
-        if self.detokenizer is not None and new:
-            stop = self.detokenizer.update(new)
-            if stop is not None:
-                self.finished, self.finish_reason, self.stop_reason = True, "stop", stop
-                self.text = self.detokenizer.output_text
-                keep = self.detokenizer.num_output_tokens
-                del self.token_ids[keep:]
-                del self.logprobs[keep:]
-                return True
         if delta.finished:
             self.finished, self.finish_reason, self.stop_reason = True, delta.finish_reason, delta.stop_reason
-            if self.detokenizer is not None:
-                self.text = self.detokenizer.output_text
+        if self.detokenizer is not None:
+            self.detokenizer.update(new, finished=delta.finished, stop_terminated=self._stop_terminated())
+            if self.detokenizer.stop_string is not None and not delta.finished:
+                self.finished, self.finish_reason = True, "stop"
+                self.stop_reason = self.detokenizer.stop_string
+                return True
         return False
 
-    def completion(self, tokenizer) -> CompletionOutput:
+    def _stop_terminated(self) -> bool:
+        """Ended by EOS or a stop token id: that last token is not rendered as text."""
+        return self.finish_reason == "stop" and not isinstance(self.stop_reason, str)
+
+    def completion(self) -> CompletionOutput:
         params = self.request.params
-        text = self.text
-        if text is None:
-            text = tokenizer.decode(self.token_ids, skip_special_tokens=params.skip_special_tokens)
+        detokenizer = self.detokenizer
+        if detokenizer is None:              # no stop strings: one decode at the end
+            detokenizer = self._new_detokenizer()
+            detokenizer.update(self.token_ids, finished=True, stop_terminated=self._stop_terminated())
         logprobs = cumulative = None
         if params.logprobs is not None:
             logprobs = [dict(zip(lp.token_ids, lp.logprobs)) for lp in self.logprobs]
             cumulative = float(sum(lp.logprobs[0] for lp in self.logprobs))
-        return CompletionOutput(index=self.child, text=text, token_ids=list(self.token_ids),
+        return CompletionOutput(index=self.child, text=detokenizer.text, token_ids=list(self.token_ids),
                                 finish_reason=self.finish_reason, stop_reason=self.stop_reason,
                                 logprobs=logprobs, cumulative_logprob=cumulative)
 
