@@ -24,9 +24,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
-from shm.ring import RingTimeout, SpscRing
-from shm.segment import sweep_stale
-from shm.wait import PeerDiedError
 
 from engine.config import EngineConfig
 from engine.engine_core import ring_spec_json
@@ -54,6 +51,9 @@ from engine.protocol import (
 )
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import eos_token_ids, model_generation_defaults
+from shm.ring import RingTimeout, SpscRing
+from shm.segment import sweep_stale
+from shm.wait import PeerDiedError
 
 READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this often
 
@@ -61,9 +61,52 @@ READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this 
 @dataclass(slots=True)
 class _Request:
     request_id: str
-    queue: asyncio.Queue | None      # async face; None for the blocking face
+    collector: _Collector | None     # async face; None for the blocking face
     num_prompt_tokens: int
     prompt_logprobs_started: bool = False
+
+
+class _Collector:
+    """One request's deltas not yet taken by its consumer, merged into one (vLLM's output collector):
+    a consumer slower than the engine gets several tokens per delta instead of a growing backlog."""
+
+    __slots__ = ("pending", "error", "event")
+
+    def __init__(self) -> None:
+        self.pending: RequestDelta | None = None
+        self.error: EngineDeadError | None = None
+        self.event = asyncio.Event()
+
+    def put(self, delta: RequestDelta) -> None:
+        pending = self.pending
+        if pending is None:
+            self.pending = delta
+            self.event.set()
+            return
+        pending.new_token_ids.extend(delta.new_token_ids)
+        if delta.logprobs:
+            pending.logprobs = (pending.logprobs or []) + delta.logprobs
+        if delta.prompt_logprobs:
+            pending.prompt_logprobs = (pending.prompt_logprobs or []) + delta.prompt_logprobs
+        if pending.num_cached_tokens is None:
+            pending.num_cached_tokens = delta.num_cached_tokens
+            pending.scheduled_time = delta.scheduled_time
+        pending.finished = delta.finished
+        pending.finish_reason = delta.finish_reason
+        pending.stop_reason = delta.stop_reason
+        pending.timestamp = delta.timestamp
+
+    def fail(self, error: EngineDeadError) -> None:
+        self.error = error
+        self.event.set()
+
+    async def get(self) -> RequestDelta:
+        await self.event.wait()
+        self.event.clear()
+        if self.pending is None:
+            raise self.error
+        delta, self.pending = self.pending, None
+        return delta
 
 
 class EngineClient:
@@ -245,8 +288,8 @@ class EngineClient:
             priority=priority, cache_salt=cache_salt,
         )
 
-    def _register(self, msg: AddRequest, request_id: str, queue) -> None:
-        self._by_handle[msg.req] = _Request(request_id, queue, len(msg.prompt_token_ids) // 4)
+    def _register(self, msg: AddRequest, request_id: str, collector: _Collector | None) -> None:
+        self._by_handle[msg.req] = _Request(request_id, collector, len(msg.prompt_token_ids) // 4)
         self._by_id[request_id] = msg.req
         try:
             self._send(msg)
@@ -285,17 +328,14 @@ class EngineClient:
             raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
         self._ensure_reader()
         msg = self._make_add(request_id, prompt_token_ids, params, priority, cache_salt, arrival_time)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._register(msg, request_id, queue)
+        collector = _Collector()
+        self._register(msg, request_id, collector)
         finished = False
         try:
             while True:
-                item = await queue.get()
-                if isinstance(item, EngineDeadError):
-                    raise item
-                if item.finished:
-                    finished = True
-                yield item
+                delta = await collector.get()
+                finished = delta.finished
+                yield delta
                 if finished:
                     return
         finally:
@@ -416,8 +456,8 @@ class EngineClient:
         if isinstance(msg, EngineOutputs):
             self._stats = msg.stats
             for state, delta in self._deltas(msg):
-                if state.queue is not None:
-                    state.queue.put_nowait(delta)
+                if state.collector is not None:
+                    state.collector.put(delta)
                 else:
                     self._pending_sync.append(delta)
         elif isinstance(msg, ControlReply):
@@ -489,8 +529,8 @@ class EngineClient:
             loop.call_soon_threadsafe(self._fail_all, error)     # asyncio objects belong to their loop
             return
         for state in list(self._by_handle.values()):
-            if state.queue is not None:
-                state.queue.put_nowait(error)
+            if state.collector is not None:
+                state.collector.fail(error)
         self._by_handle.clear()
         self._by_id.clear()
         for waiter in list(self._calls.values()):

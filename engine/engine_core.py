@@ -17,9 +17,6 @@ import time
 from collections.abc import Callable
 
 import msgspec
-from shm.broadcast import BroadcastRing
-from shm.ring import RingSpec, SpscRing
-from shm.wait import PeerDiedError
 
 from engine.config import EngineConfig
 from engine.executor import make_model_runner, spin_window
@@ -48,6 +45,9 @@ from engine.protocol import (
     pack,
     unpack,
 )
+from shm.broadcast import BroadcastRing
+from shm.ring import RingSpec, SpscRing
+from shm.wait import PeerDiedError
 
 # The scheduler sleeps instead of spinning while it waits for a forward pass expected to take longer.
 SLEEP_IF_STEP_LONGER_THAN_US = 4000
