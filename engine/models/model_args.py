@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.config import SUPPORTED_ARCHITECTURES, ConfigError
 
 ROPE_TYPES = ("default", "llama3")
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -46,6 +47,9 @@ class ModelArgs:
             raise ConfigError(
                 f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        missing = [k for k in REQUIRED_KEYS if k not in hf]
+        if missing:
+            raise ConfigError(f"config.json lacks {', '.join(missing)}")
         activation = hf.get("hidden_act", "silu")
         if activation != "silu":
             raise ConfigError(f"hidden_act {activation!r} is not supported (only silu, i.e. SwiGLU)")

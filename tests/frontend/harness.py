@@ -59,7 +59,7 @@ def write_tiny_model(directory: Path) -> Path:
                                   "pad_token": "<|endoftext|>", "chat_template": CHATML_TEMPLATE,
                                   "clean_up_tokenization_spaces": False},
         "config.json": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 272,
-                        "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
                         "num_hidden_layers": 1, "max_position_embeddings": TINY_MAX_MODEL_LEN,
                         "eos_token_id": eos, "torch_dtype": "float32"},
         "generation_config.json": {"eos_token_id": eos},
