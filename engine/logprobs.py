@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.vocab_ops import Workspace, block_reduce, logsumexp_rows, topk_rows
+from engine.vocab_ops import Workspace, block_reduce, count_greater, logsumexp_rows, topk_rows
 
 PROMPT_LOGPROBS_CHUNK_ROWS = 64     # bounds the scratch of prompt logprobs to 64 x V floats
 
@@ -42,7 +42,7 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *,
         raise ValueError(f"number of logprobs must be in [0, {vocab}], got {k}")
     if token_ids.shape != (n,):
         raise ValueError(f"token_ids must have shape ({n},), got {tuple(token_ids.shape)}")
-    logits = logits.contiguous()
+    logits = logits.float().contiguous()
     token_ids = token_ids.to(device=logits.device, dtype=torch.int64)
     if block_max is None:
         block_max = block_reduce(logits, torch.amax)
@@ -53,7 +53,7 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, *,
         top_values, top_ids = topk_rows(logits, block_max, None, k)
     else:
         top_values, top_ids = chosen[:, :0], token_ids.unsqueeze(1)[:, :0]
-    ranks = torch.gt(logits, chosen, out=scratch).sum(-1).add_(1).to(torch.int32)
+    ranks = count_greater(logits, block_max, chosen.squeeze(1), scratch).add_(1).to(torch.int32)
     log_normalizer = logsumexp_rows(logits, block_max.amax(-1), out=scratch).unsqueeze(1)
     return LogprobsTensors(
         token_ids=torch.cat([token_ids.unsqueeze(1), top_ids], dim=1).to(torch.int32),

@@ -19,7 +19,7 @@ a group no row needs costs nothing:
   full rows   (no top-k) exp weights over the whole vocabulary, then a two-level inverse-CDF draw; top-p
               looks for the nucleus among the 64 most likely tokens first and, where it is larger (flat
               distributions), draws by rejection with a rising pivot (FlashInfer's scheme), never sorting V.
-Every row draws one uniform number per attempt (see engine/sampling_batch.py for where it comes from).
+Every row draws one uniform number per attempt (engine/sampling_metadata.py says where it comes from).
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.logprobs import LogprobsTensors, compute_logprobs
-from engine.sampling_batch import PenaltyTensors, SamplingGroup, SamplingMetadata
-from engine.vocab_ops import (Workspace, argmax_rows, block_reduce, sample_candidates, sample_rows,
-                              topk_rows)
+from engine.sampling_metadata import PenaltyTensors, SamplingGroup, SamplingMetadata
+from engine.vocab_ops import Workspace, argmax_rows, block_reduce, sample_candidates, sample_rows, topk_rows
 
 NUCLEUS_GUESS = 64           # top-p: candidates tried before the rejection draw over the whole vocabulary
 # Full-vocabulary weights keep tokens within e^70 of the most likely one (or min_p of it): the rest, each
@@ -108,11 +107,16 @@ class Sampler:
         weights = self._weights.take(n, vocab, logits.device)
         source = logits if rows is None else torch.index_select(logits, 0, rows, out=weights)
         torch.addcmul((-(row_max * inv_t) - log_floor).unsqueeze(1), source, inv_t.unsqueeze(1), out=weights)
-        weights.clamp_min_(-87.0).exp_()       # exp is many times slower where it would underflow
-        F.threshold_(weights, _BELOW_ONE, 0.0)
+        # One read tells whether any token falls below its floor; usually none does, without min_p.
+        lowest = weights.amin().item()
+        if lowest < -87.0:
+            weights.clamp_min_(-87.0)          # exp is many times slower where it would underflow
+        weights.exp_()
+        if lowest < 0.0:
+            F.threshold_(weights, _BELOW_ONE, 0.0)
 
         block_sums = block_reduce(weights, torch.sum)
-        uniforms = _uniforms(group, None, 0, logits.device)
+        uniforms = _uniforms(group, logits.device)
         tokens = sample_rows(weights, uniforms, block_sums)
         if group.top_p is None:
             return tokens
@@ -156,7 +160,10 @@ class Sampler:
         attempt = 0
         while True:
             n = len(active)
-            proposal = torch.index_select(weights, 0, rows[active], out=self._scratch.take(n, vocab, device))
+            if attempt == 0 and n == weights.shape[0]:      # every row, in order: read them in place
+                proposal = weights
+            else:
+                proposal = torch.index_select(weights, 0, rows[active], out=self._scratch.take(n, vocab, device))
             if attempt:
                 # Scaled by 1/pivot, every row's pivot becomes the threshold 1 (kept weights are >= 1).
                 proposal.mul_(inv_pivot[active].unsqueeze(1))
@@ -218,9 +225,10 @@ def _sample_top_k(logits: torch.Tensor, block_max: torch.Tensor, group: Sampling
     if group.top_p is not None:
         total = weights.double().sum(-1)
         nucleus_mass = torch.where(group.top_p < 1.0, group.top_p.double() * total, math.inf)
-    cols = sample_candidates(weights, nucleus_mass, _uniforms(group, None, 0, logits.device))
+    cols = sample_candidates(weights, nucleus_mass, _uniforms(group, logits.device))
     return token_ids.gather(1, cols.unsqueeze(1)).squeeze(1)
 
 
-def _uniforms(group: SamplingGroup, select: np.ndarray | None, attempt: int, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(group.random.uniforms(select, attempt)).to(device)
+def _uniforms(group: SamplingGroup, device: torch.device) -> torch.Tensor:
+    """The group's first-attempt uniform numbers, one per row."""
+    return torch.from_numpy(group.random.uniforms()).to(device)

@@ -5,117 +5,21 @@ row (row groups, per-row parameter tensors, logit-bias and allowed-token indices
 change and cached; a step with the same rows rebuilds only what depends on the tokens generated so far:
 penalty counts, the min_tokens mask and the output positions that seeded randomness is keyed on.
 
-Randomness: each sampled row consumes one uniform number per draw. A seeded row's number is a hash of
-(seed, output position, attempt) alone, so its tokens do not depend on its batch neighbours, its row, or a
-preemption in between (the request comes back with its generated tokens, hence the same positions).
-Unseeded rows draw from one engine-wide generator seeded from EngineConfig.seed, in batch order, so all
-tensor-parallel ranks, which run the same steps on the same logits, draw the same numbers.
+Seeded rows keep their seeds here; how they draw is described in engine/sampling_metadata.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
 
+from engine.sampling_metadata import PenaltyTensors, RowRandomness, SamplingGroup, SamplingMetadata
 from engine.sampling_params import SAMPLING_EPS, SamplingParams
 from engine.token_occurrences import TokenOccurrences
-
-_GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-
-
-def seeded_uniforms(seeds: np.ndarray, positions: np.ndarray, attempt: int = 0) -> np.ndarray:
-    """Uniform numbers in (0, 1), one per (seed, position, attempt), by splitmix64 mixing: float64 [n]."""
-    key = _mix64(seeds.astype(np.uint64) + _GOLDEN_GAMMA)
-    z = _mix64(key + (positions.astype(np.uint64) + np.uint64(1)) * _GOLDEN_GAMMA)
-    if attempt:
-        z = _mix64(z + np.uint64(attempt) * _GOLDEN_GAMMA)
-    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
-
-
-def _mix64(z: np.ndarray) -> np.ndarray:
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-@dataclass(slots=True)
-class RowRandomness:
-    """Where a group of sampled rows takes its uniform numbers from."""
-
-    seeds: np.ndarray                  # uint64 [n]
-    seeded: np.ndarray                 # bool [n]
-    positions: np.ndarray              # int64 [n]: output position of the token being sampled
-    generator: np.random.Generator     # the engine-wide one, for unseeded rows
-
-    def uniforms(self, select: np.ndarray | None = None, attempt: int = 0) -> np.ndarray:
-        """One number per row (or per row of `select`, indices into the group) for the given attempt."""
-        seeded = self.seeded if select is None else self.seeded[select]
-        if not seeded.any():
-            return self.generator.random(len(seeded))
-        seeds = self.seeds if select is None else self.seeds[select]
-        positions = self.positions if select is None else self.positions[select]
-        out = seeded_uniforms(seeds, positions, attempt)
-        unseeded = ~seeded
-        out[unseeded] = self.generator.random(int(unseeded.sum()))
-        return out
-
-
-@dataclass(slots=True)
-class SamplingGroup:
-    """Sampled rows that take the same path: their positions in the step's batch and their parameters."""
-
-    positions: torch.Tensor            # int64 [n]
-    covers_batch: bool                 # positions == arange(num_rows): no gathering needed
-    inv_temperature: torch.Tensor      # float32 [n]
-    top_k: torch.Tensor | None         # int64 [n] (the top-k group) or None (the full-vocabulary group)
-    max_top_k: int
-    top_p: torch.Tensor | None         # float32 [n]; None when no row of the group uses top-p
-    min_p: torch.Tensor | None         # float32 [n]; None when no row of the group uses min-p
-    random: RowRandomness
-
-
-@dataclass(slots=True)
-class PenaltyTensors:
-    """The (row, token) pairs that penalties touch this step, as flat indices into logits.view(-1)."""
-
-    index: torch.Tensor                # int64 [N]
-    output_counts: torch.Tensor        # float32 [N]: how often the row generated the token
-    repetition: torch.Tensor | None    # float32 [N]; None when no row uses the penalty
-    frequency: torch.Tensor | None
-    presence: torch.Tensor | None
-
-
-@dataclass(slots=True)
-class SamplingMetadata:
-    """How to sample one step's rows (in the order of `SamplingBatch.metadata(rows)`). Build once per step."""
-
-    num_rows: int
-    vocab_size: int
-    greedy_rows: torch.Tensor | None   # int64 positions of the argmax rows
-    all_greedy: bool
-    top_k_group: SamplingGroup | None
-    full_group: SamplingGroup | None
-    # Logit processing, applied in this order; indices are flat positions in logits.view(-1).
-    allowed_rows: torch.Tensor | None  # int64 positions of rows restricted to allowed_token_ids
-    allowed_index: torch.Tensor | None
-    min_tokens_index: torch.Tensor | None
-    bias_index: torch.Tensor | None
-    bias_values: torch.Tensor | None
-    penalties: PenaltyTensors | None
-    # Logprobs: LogprobsTensors rows follow logprob_rows; row j asks for num_logprobs[j] <= max_num_logprobs.
-    logprob_rows: np.ndarray           # int64 positions in the batch
-    logprob_rows_tensor: torch.Tensor | None
-    num_logprobs: np.ndarray           # int32
-    max_num_logprobs: int
-
-    @property
-    def modifies_logits(self) -> bool:
-        return (self.allowed_rows is not None or self.min_tokens_index is not None
-                or self.bias_index is not None or self.penalties is not None)
 
 
 @dataclass(slots=True)
@@ -134,11 +38,16 @@ class _BatchLayout:
 
 _NEUTRAL = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "presence": 0.0, "frequency": 0.0,
             "repetition": 1.0, "seed": 0, "seeded": False, "num_logprobs": -1, "min_tokens": 0,
-            "num_output_tokens": 0, "penalized": False, "active": False}
+            "num_output_tokens": 0, "penalized": False, "has_bias": False, "has_allowed": False,
+            "has_stop_ids": False, "active": False}
 
 
 class SamplingBatch:
-    """Per-row sampling parameters and history of the persistent batch (see the module docstring)."""
+    """Per-row sampling parameters and history of the persistent batch (see the module docstring).
+
+    Each step the model runner calls metadata(rows) for the rows it samples, in batch order, then
+    Sampler()(logits, metadata), then append_tokens(rows, sampled token ids).
+    """
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, seed: int) -> None:
         if max_num_reqs <= 0 or vocab_size <= 0:
@@ -150,7 +59,8 @@ class SamplingBatch:
         dtypes = {"temperature": np.float32, "top_k": np.int64, "top_p": np.float32, "min_p": np.float32,
                   "presence": np.float32, "frequency": np.float32, "repetition": np.float32, "seed": np.uint64,
                   "seeded": bool, "num_logprobs": np.int32, "min_tokens": np.int64,
-                  "num_output_tokens": np.int64, "penalized": bool, "active": bool}
+                  "num_output_tokens": np.int64, "penalized": bool, "has_bias": bool, "has_allowed": bool,
+                  "has_stop_ids": bool, "active": bool}
         self._rows = {name: np.full(max_num_reqs, _NEUTRAL[name], dtype=dtype) for name, dtype in dtypes.items()}
         self.logit_bias: list[tuple[np.ndarray, np.ndarray] | None] = [None] * max_num_reqs
         self.allowed_token_ids: list[np.ndarray | None] = [None] * max_num_reqs
@@ -191,13 +101,14 @@ class SamplingBatch:
             "seed": 0 if params.seed is None else params.seed % 2**64,
             "num_logprobs": -1 if params.logprobs is None else params.logprobs,
             "min_tokens": params.min_tokens, "num_output_tokens": len(output), "penalized": penalized,
-            "active": True,
+            "has_bias": len(bias_ids) > 0, "has_allowed": allowed is not None,
+            "has_stop_ids": params.min_tokens > 0 and len(stop_ids) > 0, "active": True,
         }
         for name, value in values.items():
             self._rows[name][row] = value
-        if params.min_tokens > 0 and len(stop_ids):
+        if values["has_stop_ids"]:
             self.min_tokens_stop_ids[row] = np.unique(stop_ids)
-        if len(bias_ids):
+        if values["has_bias"]:
             self.logit_bias[row] = (bias_ids, np.array(list(params.logit_bias.values()), dtype=np.float32))
         self.allowed_token_ids[row] = allowed
         if penalized:
@@ -239,7 +150,7 @@ class SamplingBatch:
 
     # ------------------------------------------------------------------ per step
     def metadata(self, rows: np.ndarray) -> SamplingMetadata:
-        """The metadata for sampling `rows` this step, in that order. Draws nothing; call once per step."""
+        """The metadata for sampling `rows` this step, in that order; cheap when the batch is unchanged."""
         rows = np.asarray(rows, dtype=np.int64)
         key = self._layout_key
         if key is None or key[0] != self._version or not np.array_equal(key[1], rows):
@@ -279,13 +190,14 @@ class SamplingBatch:
         top_k_pos = np.flatnonzero(~greedy & top_k)
         full_pos = np.flatnonzero(~greedy & ~top_k)
 
-        def feature_rows(per_row: list) -> tuple[np.ndarray, list]:
-            positions = [i for i, slot in enumerate(slots.tolist()) if per_row[slot] is not None]
-            return np.array(positions, dtype=np.int64), [per_row[slots[i]] for i in positions]
+        def feature_rows(flag: str, per_row: list) -> tuple[np.ndarray, list]:
+            """The positions of the (few) rows that use a feature, and their per-row data."""
+            positions = np.flatnonzero(rows[flag][slots])
+            return positions, [per_row[slot] for slot in slots[positions].tolist()]
 
-        allowed_pos, allowed = feature_rows(self.allowed_token_ids)
-        bias_pos, biases = feature_rows(self.logit_bias)
-        stop_pos, stop_ids = feature_rows(self.min_tokens_stop_ids)
+        allowed_pos, allowed = feature_rows("has_allowed", self.allowed_token_ids)
+        bias_pos, biases = feature_rows("has_bias", self.logit_bias)
+        stop_pos, stop_ids = feature_rows("has_stop_ids", self.min_tokens_stop_ids)
         stop_counts = np.array([len(ids) for ids in stop_ids], dtype=np.int64)
         stop_positions = np.repeat(stop_pos, stop_counts)
         logprob_pos = np.flatnonzero(rows["num_logprobs"][slots] >= 0)

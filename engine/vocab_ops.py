@@ -87,6 +87,22 @@ def topk_rows(x: torch.Tensor, block_max: torch.Tensor, rows: torch.Tensor | Non
     return top_values, token_ids.gather(1, top_cols)
 
 
+def count_greater(x: torch.Tensor, block_max: torch.Tensor, values: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """Per row, how many entries of x [n, V] exceed values [n]: int64 [n].
+
+    Only blocks whose maximum exceeds the value can hold such entries; when every row has few of them (a
+    likely token), those blocks are gathered instead of comparing the whole row (scratch: [n, V]).
+    """
+    num_blocks = block_max.shape[1]
+    max_hot = int((block_max > values.unsqueeze(1)).sum(-1).max()) if len(values) else 0
+    if max_hot * 8 > num_blocks:
+        return torch.gt(x, values.unsqueeze(1), out=scratch).sum(-1).long()
+    # The max_hot blocks with the largest maxima hold every hot block of the row; the others add nothing.
+    _, blocks = torch.topk(block_max, max_hot, dim=-1, sorted=False)
+    candidates, _ = gather_blocks(x, None, blocks, float("-inf"))
+    return (candidates > values.unsqueeze(1)).sum(-1)
+
+
 def sample_rows(weights: torch.Tensor, uniforms: torch.Tensor,
                 block_sums: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row with probability proportional to `weights` (>= 0, [n, V]): int64 [n].

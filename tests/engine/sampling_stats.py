@@ -13,6 +13,7 @@ from engine.sampler import Sampler
 from engine.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
 
+
 @pytest.fixture(autouse=True, scope="module")
 def single_torch_thread():
     """Sampling tests run many small batches: on a shared 2-core machine one torch thread is faster."""

@@ -15,8 +15,13 @@ import torch
 from engine.sampler import NUCLEUS_GUESS, Sampler, apply_logits_processors
 from engine.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
-from tests.engine.sampling_stats import fits, reference_distribution, sample_counts, softmax
-from tests.engine.sampling_stats import single_torch_thread  # noqa: F401  (autouse fixture)
+from tests.engine.sampling_stats import (
+    fits,
+    reference_distribution,
+    sample_counts,
+    single_torch_thread,  # noqa: F401  (autouse fixture)
+    softmax,
+)
 
 VOCAB = 300
 N = 200_000
@@ -82,14 +87,18 @@ def test_top_p_large_nucleus_by_rejection():
     assert not fits(counts, _nucleus_changed_by(expected, softmax(logits), -1))
 
 
-def test_tiny_top_p_on_a_flat_distribution_takes_many_rejection_rounds():
-    vocab = 2000
-    logits = (np.random.default_rng(3).normal(size=vocab) * 0.2).astype(np.float32)
-    expected = reference_distribution(logits, top_p=0.05)
+@pytest.mark.parametrize("vocab, top_p, num_samples, rows_per_call", [
+    (2000, 0.05, 60_000, 1024),    # a tiny nucleus share: many rounds with a rising pivot
+    (500, 0.2, 6000, 2),           # two rows: often both rejected together, round after round
+])
+def test_top_p_rejection_over_several_rounds(vocab, top_p, num_samples, rows_per_call):
+    logits = (np.random.default_rng(vocab).normal(size=vocab) * 0.2).astype(np.float32)
+    expected = reference_distribution(logits, top_p=top_p)
     assert _nucleus_size(expected) > NUCLEUS_GUESS
-    counts = sample_counts(logits, SamplingParams(temperature=1.0, top_p=0.05), num_samples=60_000, rows_per_call=1024)
+    counts = sample_counts(logits, SamplingParams(temperature=1.0, top_p=top_p), num_samples=num_samples,
+                           rows_per_call=rows_per_call)
     assert fits(counts, expected)
-    assert not fits(counts, softmax(logits))
+    assert not fits(counts, _nucleus_changed_by(expected, softmax(logits), 2))
 
 
 def test_min_p_is_relative_to_the_top_probability_after_temperature():
@@ -256,3 +265,4 @@ def test_sampler_rejects_logits_of_the_wrong_shape():
     _, md = _batch([SamplingParams(temperature=0.0)] * 2)
     with pytest.raises(ValueError, match="logits must have shape"):
         Sampler()(torch.zeros(3, VOCAB), md)
+

@@ -7,10 +7,13 @@ import pytest
 import torch
 
 from engine.sampler import NUCLEUS_GUESS, Sampler, apply_logits_processors
-from engine.sampling_batch import SamplingBatch, seeded_uniforms
+from engine.sampling_batch import SamplingBatch
+from engine.sampling_metadata import seeded_uniforms
 from engine.sampling_params import SamplingParams
-from tests.engine.sampling_stats import reference_distribution
-from tests.engine.sampling_stats import single_torch_thread  # noqa: F401  (autouse fixture)
+from tests.engine.sampling_stats import (
+    reference_distribution,
+    single_torch_thread,  # noqa: F401  (autouse fixture)
+)
 
 VOCAB = 1000
 EOS = VOCAB - 1
@@ -60,7 +63,7 @@ class Engine:
         logits = torch.stack([_logits(r, len(self.outputs[r])) for r in requests])
         tokens = self.sampler(logits, self.batch.metadata(rows)).sampled_token_ids.numpy()
         self.batch.append_tokens(rows, tokens)
-        for request, token in zip(requests, tokens.tolist()):
+        for request, token in zip(requests, tokens.tolist(), strict=True):
             self.outputs[request].append(token)
 
 

@@ -13,7 +13,7 @@ VOCAB = 500
 
 def _as_dict(occurrences: TokenOccurrences, rows: list[int]) -> dict[tuple[int, int], int]:
     owner, tokens, counts = occurrences.gather(np.array(rows, dtype=np.int64))
-    return {(rows[o], t): c for o, t, c in zip(owner.tolist(), tokens.tolist(), counts.tolist())}
+    return {(rows[o], t): c for o, t, c in zip(owner.tolist(), tokens.tolist(), counts.tolist(), strict=True)}
 
 
 def _expected(model: dict[int, tuple[set, Counter]], rows: list[int]) -> dict[tuple[int, int], int]:
@@ -42,7 +42,7 @@ def test_random_operations_match_a_counter_model():
             rows = np.array(sorted(model), dtype=np.int64)
             tokens = rng.integers(0, 30, len(rows))      # small ids: repeats and first sightings both occur
             occurrences.append(rows, tokens)
-            for row, token in zip(rows.tolist(), tokens.tolist()):
+            for row, token in zip(rows.tolist(), tokens.tolist(), strict=True):
                 model[row][1][token] += 1
         elif action == 2 and model and free:
             src = sorted(model)[rng.integers(len(model))]

@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.vocab_ops import (BLOCK, Workspace, argmax_rows, block_reduce, logsumexp_rows, sample_candidates,
-                              sample_rows, topk_rows)
+from engine.vocab_ops import (
+    BLOCK,
+    Workspace,
+    argmax_rows,
+    block_reduce,
+    count_greater,
+    logsumexp_rows,
+    sample_candidates,
+    sample_rows,
+    topk_rows,
+)
 
 RAGGED_VOCAB = 7 * BLOCK + 45
 
@@ -97,3 +106,13 @@ def test_workspace_reuses_its_buffer_until_it_must_grow():
     b = workspace.take(2, 10, torch.device("cpu"))
     assert a.data_ptr() == b.data_ptr() and b.shape == (2, 10)
     assert workspace.take(8, 10, torch.device("cpu")).shape == (8, 10)
+
+
+@pytest.mark.parametrize("likely", [True, False])
+def test_count_greater_matches_a_full_comparison(likely):
+    x = torch.randn(5, RAGGED_VOCAB)
+    x[:, 200] += 6.0 if likely else 0.0               # a likely chosen token: few blocks are visited
+    chosen = x[:, 200] if likely else x[:, 17]
+    out = Workspace().take(5, RAGGED_VOCAB, x.device)
+    counts = count_greater(x, block_reduce(x, torch.amax), chosen, out)
+    assert torch.equal(counts, (x > chosen.unsqueeze(1)).sum(-1))
