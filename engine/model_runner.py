@@ -211,24 +211,26 @@ class ModelRunner:
             return np.zeros(0, dtype=np.int32), []
         index = torch.from_numpy(inputs.logits_indices).to(hidden.device)
         logits = self.model.compute_logits(hidden.index_select(0, index))
-        out = self.sampler(logits, self.sampling.metadata(inputs.sample_rows))
+        metadata = self.sampling.metadata(inputs.sample_rows)
+        out = self.sampler(logits, metadata)
         sampled = out.sampled_token_ids.cpu().numpy().astype(np.int32)
         if out.logprobs is None:
             return sampled, []
-        return sampled, self._pack_sample_logprobs(out.logprobs, inputs)
+        return sampled, self._pack_sample_logprobs(out.logprobs, metadata, inputs)
 
-    def _pack_sample_logprobs(self, tensors, inputs: StepInputs) -> list[RequestLogprobs]:
+    def _pack_sample_logprobs(self, tensors, metadata, inputs: StepInputs) -> list[RequestLogprobs]:
+        """Row j of the tensors belongs to sampled position metadata.logprob_rows[j] and uses its first
+        1 + metadata.num_logprobs[j] columns."""
         token_ids = tensors.token_ids.cpu().numpy()
         values = tensors.logprobs.cpu().numpy()
         ranks = tensors.ranks.cpu().numpy()
-        wanted = self.sampling.num_logprobs(inputs.sample_rows)
         result = []
-        for i in np.flatnonzero(wanted >= 0).tolist():
-            columns = int(wanted[i]) + 1
+        for j, position in enumerate(metadata.logprob_rows.tolist()):
+            columns = int(metadata.num_logprobs[j]) + 1
             result.append(RequestLogprobs(
-                req=int(inputs.sample_reqs[i]),
-                logprobs=_logprobs_message(token_ids[i : i + 1, :columns], values[i : i + 1, :columns],
-                                           ranks[i : i + 1]),
+                req=int(inputs.sample_reqs[position]),
+                logprobs=_logprobs_message(token_ids[j : j + 1, :columns], values[j : j + 1, :columns],
+                                           ranks[j : j + 1]),
             ))
         return result
 

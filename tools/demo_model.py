@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 NUM_BYTE_TOKENS = 256
 CHAT_TEMPLATE = (
@@ -25,7 +25,7 @@ CHAT_TEMPLATE = (
 MODEL_CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
-    "vocab_size": 320,                      # 256 bytes + 3 specials, padded to a multiple of 64
+    "vocab_size": NUM_BYTE_TOKENS + 3,      # 256 bytes + 3 specials: every id decodes
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
