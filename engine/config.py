@@ -48,6 +48,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # --- model
     model: str = ""                          # HF model directory; "" means the built-in demo model
     tokenizer: str | None = None             # defaults to the model directory
+    skip_tokenizer_init: bool = False        # token ids in and out, no tokenizer (vLLM's option)
     served_model_name: str | None = None
     dtype: str = "auto"
     max_model_len: int | None = None

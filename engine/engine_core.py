@@ -294,8 +294,6 @@ def main() -> int:
     config = EngineConfig.from_json(args["config"])
     requests = SpscRing.attach(ring_spec_from_json(args["request_ring"]), spin_us=0)
     outputs = SpscRing.attach(ring_spec_from_json(args["output_ring"]), spin_us=0)
-    requests.unlink()
-    outputs.unlink()
     check_parent = parent_check(args["parent_pid"], "the frontend")
     requests.set_peer_check(check_parent)
     outputs.set_peer_check(check_parent)

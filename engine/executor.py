@@ -44,8 +44,6 @@ def main() -> int:
     spin = spin_window(config)
     broadcast = BroadcastRing.attach(RingSpec.from_json(args["broadcast"]), rank, spin_us=spin)
     result = SpscRing.attach(RingSpec.from_json(args["result"]), spin_us=spin)
-    broadcast.unlink()
-    result.unlink()
     check = parent_check(args["parent_pid"], "the scheduler")
     broadcast.set_peer_check(check)
     result.set_peer_check(check)

@@ -35,12 +35,14 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching, tensor_parallel_size=tensor_parallel_size,
             load_format=load_format, seed=seed, device=device, enforce_eager=enforce_eager, **kwargs,
         ).finalize()
-        self.tokenizer = load_tokenizer(self.config)
+        self.tokenizer = None if self.config.skip_tokenizer_init else load_tokenizer(self.config)
         self.engine = EngineClient(self.config).start()
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ lifecycle
     def get_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError("this LLM was created with skip_tokenizer_init=True: it has no tokenizer")
         return self.tokenizer
 
     def shutdown(self) -> None:
@@ -63,7 +65,7 @@ class LLM:
         requests = []
         for item, p in zip(items, params):
             if isinstance(item, str):
-                requests.append(_Pending(item, self.tokenizer.encode(item), p))
+                requests.append(_Pending(item, self.get_tokenizer().encode(item), p))
             else:
                 requests.append(_Pending(None, list(item["prompt_token_ids"]), p))
         return self._run(requests, use_tqdm)
@@ -76,7 +78,7 @@ class LLM:
         params = _as_params_list(sampling_params, len(conversations), self.get_default_sampling_params())
         requests = []
         for conversation, p in zip(conversations, params):
-            text = self.tokenizer.apply_chat_template(
+            text = self.get_tokenizer().apply_chat_template(
                 conversation, tokenize=False, chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt and not continue_final_message,
                 continue_final_message=continue_final_message, **(chat_template_kwargs or {}),
@@ -89,6 +91,8 @@ class LLM:
         streams: dict[str, _Stream] = {}
         try:
             for index, request in enumerate(requests):
+                if request.params.stop and self.tokenizer is None:
+                    raise ValueError("stop strings need a tokenizer (this LLM has skip_tokenizer_init=True)")
                 request.request_id = str(next(self._ids))
                 for child in range(request.params.n):
                     stream = _Stream(index, request, child, self.tokenizer)
@@ -199,14 +203,14 @@ class _Stream:
     def completion(self) -> CompletionOutput:
         params = self.request.params
         detokenizer = self.detokenizer
-        if detokenizer is None:              # no stop strings: one decode at the end
+        if detokenizer is None and self.tokenizer is not None:   # no stop strings: one decode at the end
             detokenizer = self._new_detokenizer()
             detokenizer.update(self.token_ids, finished=True, stop_terminated=self._stop_terminated())
         logprobs = cumulative = None
         if params.logprobs is not None:
             logprobs = [dict(zip(lp.token_ids, lp.logprobs)) for lp in self.logprobs]
             cumulative = float(sum(lp.logprobs[0] for lp in self.logprobs))
-        return CompletionOutput(index=self.child, text=detokenizer.text, token_ids=list(self.token_ids),
+        return CompletionOutput(index=self.child, text=detokenizer.text if detokenizer else "", token_ids=list(self.token_ids),
                                 finish_reason=self.finish_reason, stop_reason=self.stop_reason,
                                 logprobs=logprobs, cumulative_logprob=cumulative)
 

@@ -39,12 +39,15 @@ def hf_greedy(path, prompts: list[list[int]], max_tokens: int = MAX_TOKENS):
     key = (str(path), tuple(map(tuple, prompts)), max_tokens)
     if key not in _HF_CACHE:
         hf = load_hf_model(path)
+        hf.generation_config.eos_token_id = None     # like ignore_eos: EOS neither stops nor is suppressed
         results = []
         with torch.inference_mode():
             for p in prompts:
-                out = hf.generate(torch.tensor([p]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                  do_sample=False, output_logits=True, return_dict_in_generate=True,
-                                  pad_token_id=0)
+                ids = torch.tensor([p])
+                # an explicit mask: otherwise generate() treats prompt tokens equal to pad_token_id as padding
+                out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                  do_sample=False, output_logits=True,
+                                  return_dict_in_generate=True, pad_token_id=0)
                 tokens = out.sequences[0, len(p):].tolist()
                 logprobs = [torch.log_softmax(step[0].float(), -1) for step in out.logits]
                 results.append((tokens, logprobs))
@@ -66,7 +69,7 @@ def test_greedy_matches_transformers(tiny_model, arch):
     path = _model(tiny_model, arch)
     prompts = _prompts(1)
     expected = [tokens for tokens, _ in hf_greedy(path, prompts)]
-    with LLM(str(path), max_model_len=MAX_LEN, seed=0) as llm:
+    with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN, seed=0) as llm:
         assert generate_tokens(llm, prompts) == expected
 
 
@@ -74,7 +77,7 @@ def test_chunked_prefill_matches_transformers(tiny_model):
     path = _model(tiny_model, "LlamaForCausalLM")
     prompts = _prompts(2)
     expected = [tokens for tokens, _ in hf_greedy(path, prompts)]
-    with LLM(str(path), max_model_len=MAX_LEN, max_num_batched_tokens=64, max_num_seqs=8) as llm:
+    with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN, max_num_batched_tokens=64, max_num_seqs=8) as llm:
         assert generate_tokens(llm, prompts) == expected
 
 
@@ -84,7 +87,7 @@ def test_prefix_cache_hits_match_transformers(tiny_model):
     prefix = [rng.randrange(512) for _ in range(200)]
     first = [prefix + [rng.randrange(512) for _ in range(n)] for n in (5, 40)]
     second = [prefix + [rng.randrange(512) for _ in range(n)] for n in (1, 17, 33)]
-    with LLM(str(path), max_model_len=MAX_LEN) as llm:
+    with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN) as llm:
         assert generate_tokens(llm, first) == [t for t, _ in hf_greedy(path, first)]
         outputs = llm.generate([{"prompt_token_ids": p} for p in second], greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == [t for t, _ in hf_greedy(path, second)]
@@ -97,7 +100,7 @@ def test_preemption_matches_transformers(tiny_model):
     prompts = _prompts(4)
     expected = [tokens for tokens, _ in hf_greedy(path, prompts)]
     # 40 blocks of 16 tokens: enough for any one request, far too few for all eight at once
-    with LLM(str(path), max_model_len=MAX_LEN, kv_cache_memory=40 * BLOCK_BYTES_FP32) as llm:
+    with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN, kv_cache_memory=40 * BLOCK_BYTES_FP32) as llm:
         assert llm.engine.num_blocks == 40
         assert generate_tokens(llm, prompts) == expected
         assert llm.engine.stats.num_preemptions > 0
@@ -106,7 +109,7 @@ def test_preemption_matches_transformers(tiny_model):
 def test_logprobs_match_transformers_log_softmax(tiny_model):
     path = _model(tiny_model, "MistralForCausalLM")
     prompts = _prompts(5, lengths=(3, 50, 120))
-    with LLM(str(path), max_model_len=MAX_LEN) as llm:
+    with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN) as llm:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(logprobs=3),
                                use_tqdm=False)
     for output, (tokens, hf_rows) in zip(outputs, hf_greedy(path, prompts), strict=True):
@@ -126,7 +129,7 @@ def test_tensor_parallel_2_matches_transformers(tiny_model):
     path = _model(tiny_model, "LlamaForCausalLM")
     prompts = _prompts(6, lengths=(5, 33, 100, 250))
     expected = [tokens for tokens, _ in hf_greedy(path, prompts)]
-    with LLM(str(path), max_model_len=MAX_LEN, tensor_parallel_size=2) as llm:
+    with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN, tensor_parallel_size=2) as llm:
         assert len([k for k in llm.engine.pids if k.startswith("executor")]) == 2
         assert generate_tokens(llm, prompts) == expected
 
@@ -135,6 +138,6 @@ def test_in_process_mode_matches_transformers(tiny_model):
     path = _model(tiny_model, "Qwen3ForCausalLM")
     prompts = _prompts(7, lengths=(2, 64, 180))
     expected = [tokens for tokens, _ in hf_greedy(path, prompts)]
-    with LLM(str(path), max_model_len=MAX_LEN, in_process=True) as llm:
+    with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN, in_process=True) as llm:
         assert llm.engine.pids == {"executor0": os.getpid()}
         assert generate_tokens(llm, prompts) == expected
