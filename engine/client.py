@@ -101,10 +101,11 @@ class _Collector:
         self.event.set()
 
     async def get(self) -> RequestDelta:
-        await self.event.wait()
-        self.event.clear()
-        if self.pending is None:
-            raise self.error
+        while self.pending is None:      # what arrived before a failure is still delivered first
+            if self.error is not None:
+                raise self.error
+            self.event.clear()
+            await self.event.wait()
         delta, self.pending = self.pending, None
         return delta
 
