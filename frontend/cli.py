@@ -21,6 +21,9 @@ BENCH_COMMANDS: dict[str, str] = {
     "scheduler": "tools.bench_scheduler:cli",
     "serve": "tools.bench_serve:cli",
     "ipc": "tools.bench_ipc:cli",
+    "latency": "tools.bench_latency:cli",
+    "frontend": "tools.bench_frontend:cli",
+    "engine-overhead": "tools.bench_engine_overhead:cli",
 }
 
 

@@ -38,10 +38,14 @@ def should_upcast(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class UpcastMatmul:
-    """Mixed into matmul layers: `self.matmul(x, weight, bias)` uses the fp32 copies once `upcast()` ran."""
+    """Mixed into matmul layers: `self.matmul(x)` uses the fp32 copies once `upcast()` ran, for inputs of
+    at least `upcast_min_rows` rows; a single row (a batch-1 decode) is a matrix-vector product that is
+    bound by memory, where reading the half-size weights wins (measured on AVX2: the 151,936 x 256 LM head
+    takes 6 ms per row in bf16 vs 16 ms in fp32, and 38 vs 37 ms at 8 rows; small layers cross at 2 rows)."""
 
     compute_weight: torch.Tensor | None = None
     compute_bias: torch.Tensor | None = None
+    upcast_min_rows = 2
 
     def upcast(self) -> None:
         self.compute_weight = self.weight.detach().float()
@@ -50,7 +54,7 @@ class UpcastMatmul:
 
     def matmul(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         weight = self.compute_weight
-        if weight is None:
+        if weight is None or x.shape[0] < self.upcast_min_rows:
             return F.linear(x, self.weight, self.bias if with_bias else None)
         return F.linear(x.float(), weight, self.compute_bias if with_bias else None).to(x.dtype)
 

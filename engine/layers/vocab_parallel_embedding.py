@@ -50,9 +50,14 @@ class ParallelLMHead(UpcastMatmul, VocabParallelEmbedding):
     """hidden -> logits: each rank computes its vocabulary slice and the slices are all-gathered, so every
     rank holds the full float32 logits (and all ranks sample identically)."""
 
+    upcast_min_rows = 6          # the vocab-sized GEMM stays memory-bound for a few more rows
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.compute_weight
-        logits = F.linear(hidden, self.weight) if weight is None else F.linear(hidden.float(), weight)
+        if weight is None or hidden.shape[0] < self.upcast_min_rows:
+            logits = F.linear(hidden, self.weight)
+        else:
+            logits = F.linear(hidden.float(), weight)
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.vocab_size]
         return logits.float()

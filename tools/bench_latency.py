@@ -1,0 +1,113 @@
+"""Decode latency: time per output token at a fixed batch size, input and output length.
+
+For each configuration it times the same batch twice through `LLM`: once generating one token (prefill
+alone) and once generating --output-len tokens; the difference divided by output_len - 1 is the time of one
+decode step. It also reports the memory bandwidth that step achieves for the weights (weight bytes / step
+time), which at batch 1 is the physical limit of decoding; on a GPU beside its peak. On CUDA it measures
+with CUDA graphs and with --enforce-eager, side by side.
+
+    ringserve bench latency --model DIR [--batch-size 1] [--input-len 128] [--output-len 128]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+
+import click
+
+# HBM peak bandwidth of the GPUs we expect to be measured on (bytes/s, vendor figures).
+PEAK_BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12, "A800": 2.0e12, "L40S": 0.864e12}
+
+
+def weight_bytes(model: str, dtype: str) -> int:
+    """Bytes of the weights one decode step reads, from config.json."""
+    from engine.config import EngineConfig
+    from engine.models.model_args import ModelArgs
+
+    config = EngineConfig(model=model, dtype=dtype, load_format="dummy", device="cpu").finalize()
+    a = ModelArgs.from_hf_config(config.hf_config(), config.architecture, config.max_model_len)
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    per_layer = a.hidden_size * (q + 2 * kv) + q * a.hidden_size + 3 * a.hidden_size * a.intermediate_size
+    params = a.num_layers * per_layer + a.vocab_size * a.hidden_size       # LM head (the embedding is a lookup)
+    element = 4 if config.resolved_dtype == "float32" else 2
+    return params * element
+
+
+def peak_bandwidth() -> tuple[str, float | None]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu", None
+    name = torch.cuda.get_device_name()
+    return name, next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
+
+
+def measure(model: str, tokenizer: str | None, batch: int, input_len: int, output_len: int, iters: int,
+            **engine_args) -> dict:
+    from engine import LLM, SamplingParams
+
+    vocab = int(json.load(open(os.path.join(model, "config.json")))["vocab_size"])
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(min(vocab, 10_000)) for _ in range(input_len)]}
+               for _ in range(batch)]
+    llm = LLM(model, tokenizer=tokenizer, skip_tokenizer_init=tokenizer is None,
+              max_model_len=input_len + output_len + 16, enable_prefix_caching=False, **engine_args)
+    try:
+        def run(tokens: int) -> float:
+            params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+            start = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            return time.perf_counter() - start
+
+        run(2)                                                          # warm-up
+        prefill = min(run(1) for _ in range(iters))
+        full = min(run(output_len) for _ in range(iters))
+    finally:
+        llm.shutdown()
+    step = (full - prefill) / (output_len - 1)
+    return {"batch": batch, "input_len": input_len, "output_len": output_len, "prefill_s": prefill,
+            "total_s": full, "decode_step_ms": step * 1e3, "output_tokens_per_s": batch / step}
+
+
+@click.command("latency")
+@click.option("--model", required=True, help="HF model directory (config.json; weights unless dummy)")
+@click.option("--tokenizer", default=None, help="default: none needed (token ids in and out)")
+@click.option("--load-format", default="dummy", show_default=True)
+@click.option("--dtype", default="bfloat16", show_default=True)
+@click.option("--batch-size", default=1, show_default=True)
+@click.option("--input-len", default=128, show_default=True)
+@click.option("--output-len", default=128, show_default=True)
+@click.option("--iters", default=3, show_default=True, help="repetitions; the best is kept")
+@click.option("--json", "as_json", is_flag=True)
+def cli(model, tokenizer, load_format, dtype, batch_size, input_len, output_len, iters, as_json):
+    """Per-token decode time at a fixed batch, and the weight bandwidth it achieves."""
+    model = os.path.abspath(model)
+    device, peak = peak_bandwidth()
+    modes = [("cuda graphs", False), ("eager", True)] if device != "cpu" else [("eager", True)]
+    nbytes = weight_bytes(model, dtype)
+    rows = []
+    for name, eager in modes:
+        r = measure(model, tokenizer, batch_size, input_len, output_len, iters, load_format=load_format,
+                    dtype=dtype, enforce_eager=eager)
+        r["mode"] = name
+        r["weight_gb_per_s"] = nbytes / (r["decode_step_ms"] / 1e3) / 1e9
+        r["peak_fraction"] = None if peak is None else r["weight_gb_per_s"] * 1e9 / peak
+        rows.append(r)
+    if as_json:
+        click.echo(json.dumps({"model": model, "device": device, "weight_bytes": nbytes, "results": rows}))
+        return
+    click.echo(f"{model} on {device}: {nbytes / 1e9:.3f} GB of weights ({dtype}), batch {batch_size}, "
+               f"input {input_len}, output {output_len}")
+    click.echo(f"{'mode':<12} {'decode ms/step':>15} {'tokens/s':>10} {'weights GB/s':>13} {'of peak':>8}")
+    for r in rows:
+        frac = "" if r["peak_fraction"] is None else f"{100 * r['peak_fraction']:.0f}%"
+        click.echo(f"{r['mode']:<12} {r['decode_step_ms']:>15.2f} {r['output_tokens_per_s']:>10.1f} "
+                   f"{r['weight_gb_per_s']:>13.1f} {frac:>8}")
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
