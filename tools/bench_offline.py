@@ -30,6 +30,8 @@ class Workload:
     prompts: list[list[int]]
     output_lens: list[int]
     temperature: float
+    top_k: int = 0               # explicit, so every engine samples the same way (0: off)
+    top_p: float = 1.0
 
     @property
     def num_output_tokens(self) -> int:
@@ -44,12 +46,13 @@ class Workload:
 
 
 def make_workload(num_seqs: int, input_range: tuple[int, int], output_range: tuple[int, int],
-                  vocab_size: int, temperature: float, seed: int) -> Workload:
+                  vocab_size: int, temperature: float, seed: int, top_k: int = 0, top_p: float = 1.0
+                  ) -> Workload:
     rng = random.Random(seed)
     top = min(vocab_size, 10_000)            # nano-vllm draws ids from [0, 10000]
     prompts = [[rng.randint(0, top - 1) for _ in range(rng.randint(*input_range))] for _ in range(num_seqs)]
     output_lens = [rng.randint(*output_range) for _ in range(num_seqs)]
-    return Workload(prompts, output_lens, temperature)
+    return Workload(prompts, output_lens, temperature, top_k, top_p)
 
 
 def run_ringserve(workload: Workload, model: str, tokenizer: str | None, **engine_args) -> dict:
@@ -57,8 +60,8 @@ def run_ringserve(workload: Workload, model: str, tokenizer: str | None, **engin
 
     llm = LLM(model, tokenizer=tokenizer, **engine_args)
     try:
-        params = [SamplingParams(temperature=workload.temperature, ignore_eos=True, max_tokens=n)
-                  for n in workload.output_lens]
+        params = [SamplingParams(temperature=workload.temperature, top_k=workload.top_k, top_p=workload.top_p,
+                                 ignore_eos=True, max_tokens=n) for n in workload.output_lens]
         llm.generate([{"prompt_token_ids": workload.prompts[0][:16]}], SamplingParams(max_tokens=4),
                      use_tqdm=False)                                       # warm-up
         start = time.perf_counter()
@@ -89,9 +92,8 @@ def run_transformers(workload: Workload, model: str, dtype: str, seed: int) -> d
         ids[i, longest - len(p):] = torch.tensor(p)
         mask[i, longest - len(p):] = 1
     max_new = max(workload.output_lens)
-    defaults = _generation_defaults(model)      # the same top-k/top-p defaults ringserve applies
-    common = dict(do_sample=True, temperature=workload.temperature, top_k=defaults.get("top_k", 0),
-                  top_p=defaults.get("top_p", 1.0), pad_token_id=pad)
+    common = dict(do_sample=True, temperature=workload.temperature, top_k=workload.top_k,
+                  top_p=workload.top_p, pad_token_id=pad)
     with torch.inference_mode():
         hf.generate(ids[:1, -8:].to(device), attention_mask=mask[:1, -8:].to(device), max_new_tokens=2,
                     min_new_tokens=2, **common)              # warm-up
@@ -108,7 +110,7 @@ def run_transformers(workload: Workload, model: str, dtype: str, seed: int) -> d
             "output_tokens_per_s": useful / elapsed}
 
 
-def _generation_defaults(model: str) -> dict:
+def generation_config_defaults(model: str) -> dict:
     from engine.sampling_params import generation_defaults
 
     path = os.path.join(model, "generation_config.json")
@@ -121,7 +123,8 @@ def _generation_defaults(model: str) -> dict:
 def format_table(results: list[dict], workload: Workload, header: str) -> str:
     lines = [header,
              f"workload: {len(workload.prompts)} sequences, {workload.num_prompt_tokens} prompt tokens, "
-             f"{workload.num_output_tokens} output tokens, temperature {workload.temperature}",
+             f"{workload.num_output_tokens} output tokens, temperature {workload.temperature}, "
+             f"top_k {workload.top_k}, top_p {workload.top_p}",
              f"{'engine':<14}{'seconds':>10}{'output tok/s':>15}{'vs ringserve':>15}"]
     base = next((r for r in results if r["engine"] == "ringserve"), results[0])
     for r in results:
@@ -153,7 +156,9 @@ def cli(model, tokenizer, load_format, dtype, num_seqs, input_len, output_len, t
 
     model = os.path.abspath(model)
     vocab = int(read_model_config(model)["vocab_size"])
-    workload = make_workload(num_seqs, input_len, output_len, vocab, temperature, seed)
+    defaults = generation_config_defaults(model)     # the model's top-k/top-p, passed explicitly
+    workload = make_workload(num_seqs, input_len, output_len, vocab, temperature, seed,
+                             defaults.get("top_k", 0), defaults.get("top_p", 1.0))
     results = [run_ringserve(workload, model, tokenizer, load_format=load_format, dtype=dtype,
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              max_model_len=max_model_len, seed=seed)]
