@@ -34,7 +34,19 @@ class LLM:
             block_size=block_size, kv_cache_memory=kv_cache_memory,
             enable_prefix_caching=enable_prefix_caching, tensor_parallel_size=tensor_parallel_size,
             load_format=load_format, seed=seed, device=device, enforce_eager=enforce_eager, **kwargs,
-        ).finalize()
+        )
+        self._start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An LLM over an EngineConfig built elsewhere (the CLI builds one from flags)."""
+        llm = cls.__new__(cls)
+        llm.config = config
+        llm._start()
+        return llm
+
+    def _start(self) -> None:
+        self.config.finalize()
         self.tokenizer = None if self.config.skip_tokenizer_init else load_tokenizer(self.config)
         self.engine = EngineClient(self.config).start()
         self._ids = itertools.count()

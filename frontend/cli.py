@@ -14,6 +14,7 @@ import click
 COMMANDS: dict[str, str] = {
     "serve": "frontend.cli_serve:serve",
     "chat": "frontend.cli_chat:chat",
+    "generate": "frontend.cli_generate:generate",
 }
 
 BENCH_COMMANDS: dict[str, str] = {
