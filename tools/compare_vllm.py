@@ -185,7 +185,7 @@ def format_report(report: dict) -> str:
 @click.option("--tokenizer", default=DEFAULT_TOKENIZER, show_default=True)
 @click.option("--dtype", default="bfloat16", show_default=True)
 @click.option("--max-model-len", default=2048, show_default=True)
-@click.option("--block-size", default=16, show_default=True)
+@click.option("--block-size", default=32, show_default=True, help="vLLM's CPU attention needs a multiple of 32")
 @click.option("--kv-cache-memory", default=2 << 30, show_default=True, help="bytes, both engines")
 @click.option("--max-num-seqs", default=256, show_default=True)
 @click.option("--max-num-batched-tokens", default=4096, show_default=True)
