@@ -226,7 +226,8 @@ def cli(model, vllm_python, tokenizer, dtype, max_model_len, block_size, kv_cach
         os.unlink(f.name)
         if proc.returncode:
             raise click.ClickException("vLLM's offline run failed:\n" + proc.stderr[-3000:])
-        peer = json.loads(proc.stdout.strip().splitlines()[-1])
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("PEER-RESULT "))
+        peer = json.loads(line[len("PEER-RESULT "):])
         report["offline"] = {"workload": f"{num_seqs} sequences, prompts 100-512, outputs 100-256, "
                                          f"temperature 0.6, top_k {workload.top_k}, top_p {workload.top_p}",
                              "ringserve": ours, "vllm": peer}

@@ -2,7 +2,7 @@
 vLLM virtual environment): it imports vllm and the standard library only, never ringserve.
 
     VLLM_PYTHON tools/peer_vllm_offline.py WORKLOAD_JSON MODEL_DIR ENGINE_ARGS_JSON
-prints one JSON line: {"engine": "vllm", "seconds": ..., "output_tokens": ..., "output_tokens_per_s": ...}
+prints one line "PEER-RESULT " + JSON: {"engine": "vllm", "seconds": ..., "output_tokens": ..., "output_tokens_per_s": ...}
 """
 
 import json
@@ -26,7 +26,7 @@ def main() -> None:
     outputs = llm.generate([{"prompt_token_ids": p} for p in workload["prompts"]], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    print(json.dumps({"engine": "vllm", "seconds": elapsed, "output_tokens": generated,
+    print("PEER-RESULT " + json.dumps({"engine": "vllm", "seconds": elapsed, "output_tokens": generated,
                       "output_tokens_per_s": generated / elapsed}), flush=True)
 
 
