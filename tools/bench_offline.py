@@ -83,7 +83,7 @@ def run_transformers(workload: Workload, model: str, dtype: str, seed: int) -> d
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                    "auto": getattr(torch, str(getattr(config, "torch_dtype", "float32")).replace("torch.", ""))}[dtype]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    hf = AutoModelForCausalLM.from_config(config, torch_dtype=torch_dtype).to(device).eval()
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch_dtype).to(device).eval()
     pad = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
     longest = max(len(p) for p in workload.prompts)
     ids = torch.full((len(workload.prompts), longest), pad, dtype=torch.long)
