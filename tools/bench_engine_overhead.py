@@ -26,7 +26,7 @@ def measure(batch: int, in_process: bool, steps: int, model: str | None) -> dict
                           max_num_batched_tokens=max(batch * 16, 256), max_model_len=2048)
     client = EngineClient(config).start()
     try:
-        params = SamplingParams(temperature=0.0, max_tokens=2000, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=steps + 100, ignore_eos=True)
         for i in range(batch):
             client.add_request(f"r{i}", [1 + (i % 7)] * 16, params)
         seen = 0
@@ -40,6 +40,8 @@ def measure(batch: int, in_process: bool, steps: int, model: str | None) -> dict
         while len(times) < steps:
             deltas = client.poll(timeout=5.0)
             now = time.perf_counter()
+            if not client.num_unfinished:
+                raise RuntimeError("the requests finished before the measurement did")
             if deltas:
                 times.append(now - last)
                 tokens += sum(len(d.new_token_ids) for d in deltas)
@@ -58,7 +60,7 @@ def measure(batch: int, in_process: bool, steps: int, model: str | None) -> dict
 
 @click.command("engine-overhead")
 @click.option("--batches", default="1,64,256", show_default=True)
-@click.option("--steps", default=2000, show_default=True)
+@click.option("--steps", default=1500, show_default=True, help="at most 1900 (the demo model's context)")
 @click.option("--model", default=None, help="config.json directory (default: the demo model)")
 @click.option("--json", "as_json", is_flag=True)
 def cli(batches: str, steps: int, model: str | None, as_json: bool) -> None:
