@@ -156,8 +156,8 @@ class EngineClient:
     def _start_processes(self) -> None:
         sweep_stale()
         config = self.config
-        self._requests = SpscRing.create(config.ring_bytes, spin_us=0)
-        self._outputs = SpscRing.create(config.ring_bytes, spin_us=0)
+        self._requests = SpscRing.create(config.request_ring_bytes, spin_us=0)
+        self._outputs = SpscRing.create(config.output_ring_bytes, spin_us=0)
         try:
             self._proc = spawn("engine.engine_core", {
                 "config": config.to_json().decode(),

@@ -73,7 +73,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_logprobs: int = 20
     # --- processes and rings
     in_process: bool = False                 # scheduler and one executor in the caller (debugging, unit tests)
-    ring_bytes: int = 16 << 20               # capacity of each SPSC ring and of the broadcast ring
+    ring_bytes: int = 16 << 20               # the broadcast ring; the other rings are sized from it
     spin_us: int | None = None               # spin window before sleeping; None: adapt to the device
     startup_timeout_s: float = 600.0
     # --- derived by finalize(); never set by hand
@@ -91,6 +91,21 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     @property
     def tokenizer_path(self) -> str:
         return self.tokenizer or self.model
+
+    # Ring capacities. A message must fit its ring: the largest are a SchedulerOutput carrying new prompts
+    # (broadcast), an AddRequest with a max_model_len prompt (request: 4 B a token), and an EngineOutputs
+    # with prompt logprobs (output). About 32 MiB of /dev/shm per engine at the defaults.
+    @property
+    def request_ring_bytes(self) -> int:
+        return self.ring_bytes // 4
+
+    @property
+    def output_ring_bytes(self) -> int:
+        return self.ring_bytes // 2
+
+    @property
+    def result_ring_bytes(self) -> int:
+        return self.ring_bytes // 4
 
     def hf_config(self) -> dict:
         return read_model_config(self.model)

@@ -106,7 +106,7 @@ class ExecutorGroup:
         self._step_ema_us = 0.0
         self.procs = []
         self.broadcast = BroadcastRing.create(config.ring_bytes, self.tp, spin_us=self.spin_us)
-        self.results = [SpscRing.create(1 << 22, spin_us=self.spin_us) for _ in range(self.tp)]
+        self.results = [SpscRing.create(config.result_ring_bytes, spin_us=self.spin_us) for _ in range(self.tp)]
         try:
             self._spawn()
             self.num_blocks = self._handshake()
