@@ -239,3 +239,16 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
     assert [r["usage"]["completion_tokens"] for r in results] == [200] * 4
     assert gone(engine)
     assert ours_in_shm() - before == set()
+
+
+def test_profiling_writes_the_executor_trace_and_request_events(tmp_path):
+    with ServerProcess("--profile-dir", str(tmp_path)) as s:
+        assert httpx.post(s.url + "/start_profile", timeout=60).status_code == 200
+        body = {"model": s.model, "prompt": "profile me", "max_tokens": 8, "ignore_eos": True}
+        assert httpx.post(s.base_url + "/completions", json=body, timeout=60).status_code == 200
+        assert httpx.post(s.url + "/stop_profile", timeout=120).status_code == 200
+    traces = list(tmp_path.glob("trace-rank0-*.json"))
+    assert len(traces) == 1 and "traceEvents" in traces[0].read_text()
+    events = [json.loads(line) for f in tmp_path.glob("frontend-requests-*.jsonl") for line in f.read_text().splitlines()]
+    assert events[0]["event"] == "profile_start" and events[-1]["event"] == "profile_stop"
+    assert len(events) > 2                              # the request's own events are in between
