@@ -283,7 +283,7 @@ class EngineCore:
         if so.total_num_scheduled_tokens or len(so.finished_reqs) or so.new_reqs:
             result = self.executor.execute(so)
         outputs = self.scheduler.update_from_output(so, result)
-        if len(outputs.reqs) or len(outputs.finished_reqs) or outputs.first_scheduled:
+        if len(outputs.reqs) or len(outputs.finished_reqs) or outputs.first_scheduled or outputs.prompt_logprobs:
             return outputs
         return None
 

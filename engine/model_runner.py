@@ -235,7 +235,7 @@ class ModelRunner:
         return result
 
     def prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> list[RequestLogprobs]:
-        from engine.sampler import compute_prompt_logprobs
+        from engine.logprobs import compute_prompt_logprobs
 
         result = []
         for plan in inputs.prompt_logprobs:

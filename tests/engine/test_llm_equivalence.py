@@ -141,3 +141,22 @@ def test_in_process_mode_matches_transformers(tiny_model):
     with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN, in_process=True) as llm:
         assert llm.engine.pids == {"executor0": os.getpid()}
         assert generate_tokens(llm, prompts) == expected
+
+
+def test_prompt_logprobs_across_prefill_chunks_match_transformers(tiny_model):
+    """Prompt logprobs of a 150-token prompt computed in 64-token chunks equal HF's log_softmax."""
+    from tests.engine.hf_models import hf_logits
+
+    path = _model(tiny_model, "Qwen3ForCausalLM")
+    prompt = _prompts(8, lengths=(150,))[0]
+    hf_rows = torch.log_softmax(hf_logits(load_hf_model(path), prompt), -1)
+    with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN, max_num_batched_tokens=64,
+             max_num_seqs=8) as llm:
+        out = llm.generate({"prompt_token_ids": prompt}, greedy(max_tokens=2, prompt_logprobs=2),
+                           use_tqdm=False)[0]
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for position in range(1, len(prompt)):
+        entry, row = out.prompt_logprobs[position], hf_rows[position - 1]
+        assert abs(entry[prompt[position]] - row[prompt[position]].item()) < 1e-4
+        for t in torch.topk(row, 2).indices.tolist():
+            assert abs(entry[t] - row[t].item()) < 1e-4

@@ -23,10 +23,11 @@ def test_prompts_from_arguments_as_json():
 
 
 def test_prompts_from_stdin_with_the_chat_template():
-    result = run("--max-tokens", "3", "--ignore-eos", "--chat", input="first\n\nsecond\n")
+    result = run("--max-tokens", "3", "--ignore-eos", "--chat", "--json", input="first\n\nsecond\n")
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("first") and lines[1].startswith("second")
+    rows = [json.loads(line) for line in result.output.splitlines()]    # the demo's text may hold newlines
+    assert [r["prompt"] for r in rows] == ["first", "second"]
+    assert all(len(r["token_ids"]) == 3 for r in rows)
 
 
 def test_user_mistakes_are_one_line_errors():
