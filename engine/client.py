@@ -21,19 +21,16 @@ import itertools
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from engine.config import EngineConfig
 from engine.engine_core import ring_spec_json
-from engine.outputs import EngineDeadError, RequestDelta, TokenLogprobs
+from engine.output_processor import RequestCollector, RequestState, deltas_from_outputs
+from engine.outputs import EngineDeadError, RequestDelta
 from engine.process import describe_exit, spawn, stop
 from engine.protocol import (
-    FINISH_REASONS,
-    FLOAT,
     HANDLE,
-    TOKEN,
     AbortRequests,
     AddRequest,
     Codec,
@@ -43,11 +40,9 @@ from engine.protocol import (
     EngineOut,
     EngineOutputs,
     EngineReady,
-    Logprobs,
     RequestIn,
     SchedulerStats,
     pack,
-    unpack,
 )
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import eos_token_ids, model_generation_defaults
@@ -56,58 +51,6 @@ from shm.segment import sweep_stale
 from shm.wait import PeerDiedError
 
 READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this often
-
-
-@dataclass(slots=True)
-class _Request:
-    request_id: str
-    collector: _Collector | None     # async face; None for the blocking face
-    num_prompt_tokens: int
-    prompt_logprobs_started: bool = False
-
-
-class _Collector:
-    """One request's deltas not yet taken by its consumer, merged into one (vLLM's output collector):
-    a consumer slower than the engine gets several tokens per delta instead of a growing backlog."""
-
-    __slots__ = ("pending", "error", "event")
-
-    def __init__(self) -> None:
-        self.pending: RequestDelta | None = None
-        self.error: EngineDeadError | None = None
-        self.event = asyncio.Event()
-
-    def put(self, delta: RequestDelta) -> None:
-        pending = self.pending
-        if pending is None:
-            self.pending = delta
-            self.event.set()
-            return
-        pending.new_token_ids.extend(delta.new_token_ids)
-        if delta.logprobs:
-            pending.logprobs = (pending.logprobs or []) + delta.logprobs
-        if delta.prompt_logprobs:
-            pending.prompt_logprobs = (pending.prompt_logprobs or []) + delta.prompt_logprobs
-        if pending.num_cached_tokens is None:
-            pending.num_cached_tokens = delta.num_cached_tokens
-            pending.scheduled_time = delta.scheduled_time
-        pending.finished = delta.finished
-        pending.finish_reason = delta.finish_reason
-        pending.stop_reason = delta.stop_reason
-        pending.timestamp = delta.timestamp
-
-    def fail(self, error: EngineDeadError) -> None:
-        self.error = error
-        self.event.set()
-
-    async def get(self) -> RequestDelta:
-        while self.pending is None:      # what arrived before a failure is still delivered first
-            if self.error is not None:
-                raise self.error
-            self.event.clear()
-            await self.event.wait()
-        delta, self.pending = self.pending, None
-        return delta
 
 
 class EngineClient:
@@ -121,7 +64,7 @@ class EngineClient:
         self.pids: dict[str, int] = {}
         self._stats = SchedulerStats()
         self._handles = itertools.count(1)
-        self._by_handle: dict[int, _Request] = {}
+        self._by_handle: dict[int, RequestState] = {}
         self._by_id: dict[str, int] = {}
         self._dead: EngineDeadError | None = None
         self._codec_in = Codec(EngineOut)
@@ -289,8 +232,8 @@ class EngineClient:
             priority=priority, cache_salt=cache_salt,
         )
 
-    def _register(self, msg: AddRequest, request_id: str, collector: _Collector | None) -> None:
-        self._by_handle[msg.req] = _Request(request_id, collector, len(msg.prompt_token_ids) // 4)
+    def _register(self, msg: AddRequest, request_id: str, collector: RequestCollector | None) -> None:
+        self._by_handle[msg.req] = RequestState(request_id, collector)
         self._by_id[request_id] = msg.req
         try:
             self._send(msg)
@@ -329,7 +272,7 @@ class EngineClient:
             raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
         self._ensure_reader()
         msg = self._make_add(request_id, prompt_token_ids, params, priority, cache_salt, arrival_time)
-        collector = _Collector()
+        collector = RequestCollector()
         self._register(msg, request_id, collector)
         finished = False
         try:
@@ -456,7 +399,7 @@ class EngineClient:
     def _on_message(self, msg) -> None:
         if isinstance(msg, EngineOutputs):
             self._stats = msg.stats
-            for state, delta in self._deltas(msg):
+            for state, delta in deltas_from_outputs(msg, self._by_handle, self._forget):
                 if state.collector is not None:
                     state.collector.put(delta)
                 else:
@@ -470,54 +413,6 @@ class EngineClient:
                 self._calls[msg.call_id] = msg
         elif isinstance(msg, EngineDead):
             self._set_dead(EngineDeadError(msg.message))
-
-    def _deltas(self, out: EngineOutputs) -> list[tuple[_Request, RequestDelta]]:
-        by_handle = self._by_handle
-        deltas: dict[int, RequestDelta] = {}
-        states: dict[int, _Request] = {}
-        timestamp = out.timestamp
-
-        def delta_for(handle: int) -> RequestDelta | None:
-            delta = deltas.get(handle)
-            if delta is None:
-                state = by_handle.get(handle)
-                if state is None:                      # aborted by us: the engine's news is stale
-                    return None
-                delta = deltas[handle] = RequestDelta(state.request_id, [], timestamp=timestamp)
-                states[handle] = state
-            return delta
-
-        for handle, token in zip(unpack(out.reqs, HANDLE).tolist(), unpack(out.new_token_ids, TOKEN).tolist()):
-            delta = delta_for(handle)
-            if delta is not None:
-                delta.new_token_ids.append(token)
-        for handle, cached, when in out.first_scheduled:
-            delta = delta_for(handle)
-            if delta is not None:
-                delta.num_cached_tokens = cached
-                delta.scheduled_time = when
-        for entry in out.logprobs:
-            delta = delta_for(entry.req)
-            if delta is not None:
-                delta.logprobs = _token_logprobs(entry.logprobs)
-        for entry in out.prompt_logprobs:
-            delta = delta_for(entry.req)
-            if delta is not None:
-                rows = _token_logprobs(entry.logprobs)
-                state = states[entry.req]
-                if not state.prompt_logprobs_started:
-                    state.prompt_logprobs_started = True
-                    rows = [None, *rows]
-                delta.prompt_logprobs = rows
-        finished = unpack(out.finished_reqs, HANDLE).tolist()
-        for handle, reason, stop_reason in zip(finished, out.finish_reasons, out.stop_reasons):
-            delta = delta_for(handle)
-            if delta is not None:
-                delta.finished = True
-                delta.finish_reason = FINISH_REASONS[reason]
-                delta.stop_reason = stop_reason
-                self._forget(handle)
-        return [(states[h], d) for h, d in deltas.items()]
 
     def _set_dead(self, error: EngineDeadError) -> None:
         if self._dead is None:
@@ -545,11 +440,3 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-def _token_logprobs(lp: Logprobs) -> list[TokenLogprobs]:
-    columns = lp.num_columns
-    ids = unpack(lp.token_ids, TOKEN).reshape(-1, columns).tolist()
-    values = unpack(lp.logprobs, FLOAT).reshape(-1, columns).tolist()
-    ranks = unpack(lp.ranks, TOKEN).tolist()
-    return [TokenLogprobs(i, v, r) for i, v, r in zip(ids, values, ranks)]

@@ -66,6 +66,13 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
+    def start_profile(self, directory: str) -> str:
+        """Start the executors' torch profilers; traces go to `directory` at stop_profile()."""
+        return self.engine.call_sync("start_profile", dir=directory)
+
+    def stop_profile(self) -> str:
+        return self.engine.call_sync("stop_profile")
+
     def get_default_sampling_params(self) -> SamplingParams:
         return SamplingParams().resolved(self.engine.generation_defaults)
 

@@ -106,3 +106,10 @@ def test_chat_renders_the_real_chat_templates(family, tmp_path):
         assert output.prompt == text
         assert output.prompt_token_ids == tokenizer.encode(text, add_special_tokens=False)
         assert len(output.outputs[0].token_ids) == 3
+
+
+def test_profiling_through_the_engine_processes(llm, tmp_path):
+    llm.start_profile(str(tmp_path))
+    llm.generate("profiled", SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    path = llm.stop_profile()
+    assert path.startswith(str(tmp_path)) and "traceEvents" in open(path).read()
