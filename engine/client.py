@@ -333,14 +333,13 @@ class EngineClient:
                 continue
             except PeerDiedError as e:
                 if not self._closed:
-                    loop.call_soon_threadsafe(self._set_dead, EngineDeadError(str(e)))
+                    _post(loop, self._set_dead, EngineDeadError(str(e)))
                 return
             batch = [first]
             while (data := self._outputs.try_read()) is not None:
                 batch.append(self._codec_in.decode(data))
-            loop.call_soon_threadsafe(self._on_messages, batch)
-            if isinstance(batch[-1], EngineDead):
-                return
+            if not _post(loop, self._on_messages, batch) or isinstance(batch[-1], EngineDead):
+                return      # the loop is gone (nobody left to deliver to) or the engine is dead
 
     def _on_messages(self, batch: list) -> None:
         for msg in batch:
@@ -422,7 +421,12 @@ class EngineClient:
     def _fail_all(self, error: EngineDeadError) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed() and _running_loop() is not loop:
-            loop.call_soon_threadsafe(self._fail_all, error)     # asyncio objects belong to their loop
+            if _post(loop, self._fail_all, error):      # asyncio objects belong to their loop
+                return
+        if loop is not None and loop.is_closed():       # nobody can await them any more
+            self._by_handle.clear()
+            self._by_id.clear()
+            self._calls.clear()
             return
         for state in list(self._by_handle.values()):
             if state.collector is not None:
@@ -433,6 +437,15 @@ class EngineClient:
             if isinstance(waiter, asyncio.Future) and not waiter.done():
                 waiter.set_exception(error)
         self._calls.clear()
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback, *args) -> bool:
+    """Schedule callback on loop from another thread; False if the loop has been closed meanwhile."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:        # 'Event loop is closed': its owner finished without shutting us down
+        return False
+    return True
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -206,3 +206,27 @@ def test_signal_to_the_owner_stops_every_process(sig, no_leaks):
     finally:
         proc.kill()
     assert wait_gone(pids.values()) == []
+
+
+def test_event_loop_closed_while_requests_still_stream(no_leaks, monkeypatch):
+    """The asyncio face's loop finishes (asyncio.run returns) with a request still producing tokens: the
+    output reader thread must stop quietly, and the engine must still shut down cleanly afterwards."""
+    import threading
+
+    thread_errors = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+    client = EngineClient(EngineConfig(load_format="fake", max_model_len=2048)).start()
+    params = SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True)
+
+    async def scenario():
+        stream = client.generate("left-behind", [1, 2, 3], params)
+        await stream.__anext__()
+
+    try:
+        asyncio.run(scenario())
+        reader = client._reader
+        reader.join(timeout=5.0)                     # the engine keeps sending; the reader must notice
+        assert not reader.is_alive()
+    finally:
+        client.shutdown_sync()
+    assert thread_errors == []
