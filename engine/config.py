@@ -181,6 +181,14 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"(max_position_embeddings in {self.model}/config.json)"
             )
         _check_positive("max_model_len", self.max_model_len)
+        # The request ring must take a max_model_len prompt (4 B a token) plus its sampling params; the
+        # scheduler then keeps every broadcast step within its ring (see Scheduler.max_new_request_bytes).
+        needed = 4 * (4 * self.max_model_len + PARAMS_ALLOWANCE)
+        if self.ring_bytes < needed:
+            raise ConfigError(
+                f"ring_bytes {self.ring_bytes} is too small for max_model_len {self.max_model_len}: "
+                f"a full-length prompt needs ring_bytes >= {needed}"
+            )
         from engine.models.model_args import ModelArgs
 
         ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what the decoder can't compute
@@ -256,6 +264,9 @@ def _model_max_len(hf: dict) -> int:
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+PARAMS_ALLOWANCE = 64 << 10        # bytes left in the request ring for an AddRequest's params
 
 
 def _check_positive(name: str, value: int) -> None:

@@ -46,7 +46,7 @@ class Request:
     __slots__ = (
         "req", "params", "eos_token_ids", "prompt_token_bytes", "num_prompt_tokens", "all_token_ids",
         "num_computed_tokens", "status", "stop_reason", "arrival_time", "priority", "cache_salt",
-        "stop_token_set", "min_tokens", "max_num_tokens", "skip_prefix_cache",
+        "stop_token_set", "min_tokens", "max_num_tokens", "skip_prefix_cache", "wire_bytes",
         "blocks", "block_hashes", "num_cached_blocks", "num_cached_tokens", "num_preemptions",
         "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts",
     )
@@ -96,6 +96,8 @@ class Request:
         self.max_num_tokens = min(limit, max_model_len)
         # Prompt logprobs need logits at every prompt position, so nothing may be skipped by a cache hit.
         self.skip_prefix_cache = params.prompt_logprobs is not None
+        # Upper bound of its NewRequestData's encoded size, set by the scheduler (which caps a step's sum).
+        self.wire_bytes = 0
 
         # Owned by the KV cache manager: the block table and the hashes of the full blocks of tokens.
         self.blocks: list[KVCacheBlock] = []

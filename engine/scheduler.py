@@ -19,6 +19,8 @@ import time
 from array import array
 from collections.abc import Iterable, Sequence
 
+import msgspec
+
 from engine.block_pool import KVCacheBlock
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager, cdiv
@@ -41,6 +43,13 @@ FINISHED_ABORTED = RequestStatus.FINISHED_ABORTED
 
 
 _BIG_ENDIAN = sys.byteorder == "big"
+_params_size = msgspec.msgpack.Encoder().encode
+
+
+def new_request_bytes_bound(num_tokens: int, block_size: int, params_bytes: int) -> int:
+    """An upper bound of an encoded NewRequestData: its tokens and block table as int32, its params, and
+    a margin for the field names and scalars."""
+    return 4 * num_tokens + 4 * cdiv(num_tokens, block_size) + params_bytes + 512
 
 
 def pack_i32(values: list[int]) -> bytes:
@@ -70,6 +79,10 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
         self.policy = config.scheduling_policy
+        # A step's new requests carry their prompts and block tables in full; their sum must fit the
+        # broadcast ring with room for the columns, so a step admits new requests up to this many bytes
+        # (always at least one: config.finalize checks that a max_model_len request fits).
+        self.max_new_request_bytes = config.ring_bytes // 2
         self.waiting = create_request_queue(self.policy)
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.running: list[Request] = []
@@ -100,6 +113,8 @@ class Scheduler:
                 f"request {msg.req} may grow to {request.max_num_tokens} tokens, which needs "
                 f"{blocks_needed} KV blocks of {self.block_size} tokens; the KV cache has {usable}"
             )
+        request.wire_bytes = new_request_bytes_bound(request.max_num_tokens, self.block_size,
+                                                     len(_params_size(msg.params)))
         self.kv_cache_manager.hash_new_blocks(request)
         self.requests[request.req] = request
         self.waiting.add(request)
@@ -233,8 +248,12 @@ class Scheduler:
         kv = self.kv_cache_manager
         waiting = self.waiting
         running = self.running
+        room = self.max_new_request_bytes
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             request = waiting.peek()
+            if request.wire_bytes > room and new_reqs:
+                break       # the broadcast ring's share is spent: the rest go with the next steps
+            room -= request.wire_bytes
             hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
             num_tokens = len(request.all_token_ids)
             n = min(num_tokens - num_hit_tokens, budget)

@@ -230,3 +230,23 @@ def test_event_loop_closed_while_requests_still_stream(no_leaks, monkeypatch):
     finally:
         client.shutdown_sync()
     assert thread_errors == []
+
+
+def test_many_long_prompts_with_prefix_hits_start_together(no_leaks):
+    """Hundreds of long prompts that are mostly prefix-cache hits would all fit one step's token budget;
+    through the real processes with a small broadcast ring they all complete (spread over steps)."""
+    from engine import LLM
+
+    with LLM(load_format="fake", ring_bytes=1 << 20, max_model_len=2048, block_size=16) as llm:
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        prefix = [1 + i % 200 for i in range(2000)]
+        llm.generate([{"prompt_token_ids": prefix}], params, use_tqdm=False)
+        prompts = [{"prompt_token_ids": prefix + [i % 250, 1 + i // 250] * 4} for i in range(200)]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [2] * 200
+    assert min(o.num_cached_tokens for o in outputs) >= 1984
+
+
+def test_rings_too_small_for_max_model_len_are_refused():
+    with pytest.raises(ConfigError, match=r"ring_bytes 65536 is too small for max_model_len 2048"):
+        EngineConfig(load_format="fake", max_model_len=2048, ring_bytes=64 << 10).finalize()

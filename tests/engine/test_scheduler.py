@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
-from engine.protocol import HANDLE, TOKEN, AddRequest, pack, unpack
+from engine.protocol import HANDLE, TOKEN, AddRequest, ExecutorIn, pack, unpack
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from shm.codec import Codec
 from tests.engine.fake_model import (
     add_request,
     check_block_accounting,
@@ -288,3 +289,29 @@ def test_aborted_waiting_requests_leave_the_queue(policy):
         order += [new.req for new in so.new_reqs]
     assert order == [1, 3]
     assert scheduler.make_stats().num_waiting == 0
+
+
+def test_a_step_admits_new_requests_only_as_far_as_the_broadcast_ring_takes_them():
+    """Prefix-cache hits let many long prompts start in one step (each needs only a few new tokens), and a
+    new request carries its whole prompt: the scheduler spreads them over steps so that no encoded step
+    outgrows the broadcast ring, instead of killing the engine with a message that can never fit."""
+    ring_bytes = 64 << 10
+    scheduler, runner = make_scheduler(num_blocks=1024, block_size=16, max_model_len=2048, max_num_seqs=64,
+                                       max_num_batched_tokens=2048, ring_bytes=ring_bytes)
+    codec = Codec(ExecutorIn)
+    prefix = [1 + i % 300 for i in range(1000)]
+    add_request(scheduler, 0, prefix + [7], max_tokens=2)
+    run_engine_loop(scheduler, runner)
+    sizes, admitted = [], []
+
+    def on_step(so, out):
+        sizes.append(len(codec.encode(so)))
+        admitted.append(len(so.new_reqs))
+
+    for req in range(1, 41):
+        add_request(scheduler, req, prefix + [req] * 8, max_tokens=2)
+    result = run_engine_loop(scheduler, runner, on_step=on_step)
+    assert sorted(result.finish_reasons) == list(range(1, 41))
+    assert max(sizes) <= ring_bytes // 2 + 4096        # the columns ride beside the capped new requests
+    assert max(sizes) > ring_bytes // 4 and sum(admitted) == 40 and max(admitted) < 40
+    check_block_accounting(scheduler)
