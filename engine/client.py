@@ -330,6 +330,8 @@ class EngineClient:
             try:
                 first = self._read_message(timeout=READER_SLICE_S)
             except RingTimeout:
+                if loop.is_closed():
+                    return      # its owner finished without shutting us down: nobody to deliver to
                 continue
             except PeerDiedError as e:
                 if not self._closed:
