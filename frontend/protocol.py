@@ -93,8 +93,18 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
 Messages = Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
 
 
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    type: Annotated[str, Meta(max_length=MAX_ID_CHARS)]
+    json_schema: dict[str, Any] | None = None
+
+
 class ChatCompletionRequest(SamplingRequest, kw_only=True):
     messages: Messages
+    # Accepted so that they are refused with a clear message (serving_chat.check_unsupported), not ignored.
+    tools: Annotated[list[dict[str, Any]], Meta(max_length=1024)] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

@@ -26,6 +26,7 @@ class OpenAIServingChat(OpenAIServing):
         self.check_engine()
         if req.top_logprobs is not None and not req.logprobs:
             raise invalid("top_logprobs needs logprobs to be true", "top_logprobs")
+        check_unsupported(req)
         prompt = await self.chat_prompt(req, req.add_special_tokens)
 
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -75,3 +76,20 @@ class OpenAIServingChat(OpenAIServing):
         if job.prompt_logprobs:
             body["prompt_logprobs"] = prompt_logprobs_json(job.choices[0].prompt_logprobs, strs)
         return body
+
+
+def check_unsupported(req: ChatCompletionRequest) -> None:
+    """Refuse what ringserve cannot do rather than answer as if it had been done (as vLLM does when it
+    runs without a tool-call parser or a guided-decoding backend)."""
+    if req.tools:
+        # OpenAI's default tool_choice is "auto" when tools are given.
+        if req.tool_choice is None or req.tool_choice != "none":
+            raise invalid(
+                f"tool_choice {req.tool_choice or 'auto'!r} needs tool calls parsed out of the model's output, "
+                "which ringserve does not do; send tool_choice 'none' to get a plain answer (the tools are "
+                "then left out of the prompt)", "tool_choice")
+    elif req.tool_choice not in (None, "none"):
+        raise invalid("tool_choice is set but no tools are given", "tool_choice")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise invalid(f"response_format type {req.response_format.type!r} (structured output) is not "
+                      "supported; only 'text' is", "response_format.type")

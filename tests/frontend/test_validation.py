@@ -15,6 +15,7 @@ from tests.frontend.harness import serve_fake
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 USER = [{"role": "user", "content": "x"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 
 
 def assert_error(response: httpx.Response, status: int, param: str | None) -> dict:
@@ -63,9 +64,30 @@ def assert_error(response: httpx.Response, status: int, param: str | None) -> di
     (CHAT, {"messages": USER, "add_generation_prompt": True, "continue_final_message": True},
      "continue_final_message"),
     (CHAT, {"messages": USER, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    # No tool-call parser and no structured output: refused, never silently ignored.
+    (CHAT, {"messages": USER, "tools": [TOOL]}, "tool_choice"),
+    (CHAT, {"messages": USER, "tools": [TOOL], "tool_choice": "auto"}, "tool_choice"),
+    (CHAT, {"messages": USER, "tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
+    (CHAT, {"messages": USER, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tool_choice"),
+    (CHAT, {"messages": USER, "tool_choice": "auto"}, "tool_choice"),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, "response_format.type"),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "s"}}},
+     "response_format.type"),
+    (CHAT, {"messages": USER, "response_format": {}}, "response_format.type"),
 ])
 def test_invalid_request_is_a_400_naming_the_param(http, path, body, param):
     assert_error(http.post(path, json=body), 400, param)
+
+
+@pytest.mark.parametrize("extra", [
+    {"tools": [TOOL], "tool_choice": "none", "parallel_tool_calls": False},
+    {"response_format": {"type": "text"}},
+])
+def test_tool_choice_none_and_text_format_are_plain_chat(http, extra):
+    response = http.post(CHAT, json={"messages": USER, "max_tokens": 2, **extra})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["role"] == "assistant"
 
 
 def test_malformed_json_is_a_400(http):
