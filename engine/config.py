@@ -70,6 +70,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     scheduling_policy: str = "fcfs"
+    long_prefill_token_threshold: int = 0    # most tokens one request's prefill takes in a step; 0: no cap
     max_logprobs: int = 20
     # --- processes and rings
     in_process: bool = False                 # scheduler and one executor in the caller (debugging, unit tests)
@@ -138,6 +139,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.attention_backend is not None:
             _check_choice("attention_backend", self.attention_backend, ("torch", "triton"))
         _check_positive("tensor_parallel_size", self.tensor_parallel_size)
+        if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
+            raise ConfigError("long_prefill_token_threshold must be a non-negative integer (0: no cap), "
+                              f"got {self.long_prefill_token_threshold!r}")
         _check_positive("max_num_seqs", self.max_num_seqs)
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ConfigError(f"block_size must be a power of two from 1 to 128, got {self.block_size}")

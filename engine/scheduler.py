@@ -79,6 +79,9 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
         self.policy = config.scheduling_policy
+        # vLLM's long_prefill_token_threshold: one prompt's chunk per step is capped, so that a long
+        # prompt shares its steps with other prefills and decodes instead of taking the whole budget.
+        self.max_prefill_chunk = config.long_prefill_token_threshold or config.max_num_batched_tokens
         # A step's new requests carry their prompts and block tables in full; their sum must fit the
         # broadcast ring with room for the columns, so a step admits new requests up to this many bytes
         # (always at least one: config.finalize checks that a max_model_len request fits).
@@ -171,6 +174,7 @@ class Scheduler:
         self.step += 1
         budget = self.max_num_batched_tokens
         block_size = self.block_size
+        max_chunk = self.max_prefill_chunk
         allocate_slots = self.kv_cache_manager.allocate_slots
         # The batch as parallel columns: running requests first, in running order, then new ones.
         handles: list[int] = []
@@ -190,6 +194,8 @@ class Scheduler:
             n = num_tokens - num_computed
             if n > budget:
                 n = budget
+            if n > max_chunk:
+                n = max_chunk
             # Most decode steps fit in the last block's free room and need no allocation at all.
             if num_computed + n > len(request.blocks) * block_size:
                 new_blocks = allocate_slots(request, n)
@@ -256,7 +262,7 @@ class Scheduler:
             room -= request.wire_bytes
             hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
             num_tokens = len(request.all_token_ids)
-            n = min(num_tokens - num_hit_tokens, budget)
+            n = min(num_tokens - num_hit_tokens, budget, self.max_prefill_chunk)
             if kv.allocate_slots(request, n, hit_blocks) is None:
                 break       # head-of-line: later requests wait for blocks too
             waiting.pop()

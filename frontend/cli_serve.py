@@ -68,6 +68,9 @@ ENGINE_OPTIONS = [
     click.option("--device", type=click.Choice(DEVICES), default="auto", help="Where the model runs."),
     click.option("--scheduling-policy", type=click.Choice(SCHEDULING_POLICIES), default="fcfs",
                  help="fcfs, or priority (the request's priority field; lower runs first)."),
+    click.option("--long-prefill-token-threshold", type=SIZE, default=0,
+                 help="Most tokens one prompt's prefill takes in a step (0: no cap), so that long prompts "
+                      "share steps with other requests."),
     click.option("--max-logprobs", type=click.IntRange(min=0), default=20,
                  help="Most logprobs a request may ask for per token."),
 ]
@@ -146,5 +149,6 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         enable_prefix_caching=options["enable_prefix_caching"],
         gpu_memory_utilization=options["gpu_memory_utilization"], kv_cache_memory=options["kv_cache_memory"],
         max_num_seqs=options["max_num_seqs"], max_num_batched_tokens=options["max_num_batched_tokens"],
-        scheduling_policy=options["scheduling_policy"], max_logprobs=options["max_logprobs"], **extra,
+        scheduling_policy=options["scheduling_policy"], max_logprobs=options["max_logprobs"],
+        long_prefill_token_threshold=options["long_prefill_token_threshold"], **extra,
     )

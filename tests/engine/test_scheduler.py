@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig
+from engine.config import ConfigError, EngineConfig
 from engine.protocol import HANDLE, TOKEN, AddRequest, ExecutorIn, pack, unpack
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -74,6 +74,25 @@ def test_long_prompts_are_chunked_and_sample_only_at_the_end():
     assert [c[:2] for c in chunks] == [(4, 0), (4, 4), (2, 8)]
     assert chunks[0][2] == {} and chunks[1][2] == {}
     assert list(chunks[2][2]) == [0]
+
+
+def test_long_prefill_token_threshold_lets_prompts_share_steps():
+    """With the cap, two long prompts each take at most 5 tokens a step and run side by side (without it
+    the first takes the whole budget of 16); a short prompt under the cap is not split."""
+    scheduler, runner = make_scheduler(block_size=4, max_num_batched_tokens=16, long_prefill_token_threshold=5)
+    add_request(scheduler, 0, 12)
+    add_request(scheduler, 1, 12)
+    add_request(scheduler, 2, 3)
+    counts = [scheduled(step(scheduler, runner)[0]) for _ in range(3)]
+    assert counts == [{0: 5, 1: 5, 2: 3}, {0: 5, 1: 5, 2: 1}, {0: 2, 1: 2, 2: 1}]
+    result = run_engine_loop(scheduler, runner)
+    assert set(result.finish_reasons) == {0, 1, 2}
+    check_block_accounting(scheduler)
+
+
+def test_negative_long_prefill_token_threshold_is_refused():
+    with pytest.raises(ConfigError, match="long_prefill_token_threshold must be a non-negative integer"):
+        EngineConfig(load_format="fake", long_prefill_token_threshold=-1).finalize()
 
 
 def test_budget_goes_to_running_requests_first():

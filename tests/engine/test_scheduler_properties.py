@@ -31,6 +31,7 @@ def workloads(draw):
         max_num_batched_tokens=draw(st.integers(1, 40)),
         scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
         enable_prefix_caching=draw(st.sampled_from([True, True, False])),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 1, 3])),
     )
     bases = draw(st.lists(st.lists(st.integers(1, 30), min_size=max_model_len, max_size=max_model_len),
                           min_size=1, max_size=3))
@@ -72,6 +73,8 @@ def run(config: EngineConfig, num_blocks: int, requests, aborts, check: bool):
 
     def check_step(so, out):
         assert so.total_num_scheduled_tokens <= config.max_num_batched_tokens
+        if config.long_prefill_token_threshold:
+            assert max(unpack(so.num_scheduled_tokens, TOKEN), default=0) <= config.long_prefill_token_threshold
         assert len(unpack(so.reqs, HANDLE)) <= config.max_num_seqs
         assert len(scheduler.running) <= config.max_num_seqs
         check_block_accounting(scheduler)
