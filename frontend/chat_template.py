@@ -127,7 +127,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     """Request messages as the template sees them: content parts flattened to text (text parts only)."""
     out = []
     for i, message in enumerate(messages):
-        item = {"role": message.role, "content": _text_content(message.content, i)}
+        item = {"role": message.role, "content": text_content(message.content, i)}
         for name in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             value = getattr(message, name)
             if value is not None:
@@ -136,7 +136,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     return out
 
 
-def _text_content(content: str | list[dict] | None, index: int) -> str | None:
+def text_content(content: str | list[dict] | None, index: int) -> str | None:
     if content is None or isinstance(content, str):
         return content
     texts = []

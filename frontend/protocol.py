@@ -112,6 +112,8 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     add_special_tokens: bool = False
+    echo: bool = False                # vLLM's: the reply starts with the final message's text when that
+                                      # message is the assistant's (continue_final_message's usual pair)
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):

@@ -7,6 +7,7 @@ import time
 from starlette.requests import Request
 
 from engine.outputs import RequestDelta
+from frontend.chat_template import text_content
 from frontend.errors import invalid
 from frontend.generation import Choice
 from frontend.logprobs import chat_logprobs, prompt_logprobs_json
@@ -40,7 +41,7 @@ class OpenAIServingChat(OpenAIServing):
         job = GenerationJob(
             response_id=response_id, created=int(time.time()),
             choices=self.make_choices(response_id, [prompt], [params], req.n, arrival,
-                                      keep_output=not req.stream),
+                                      keep_output=not req.stream, echo_texts=echo_texts(req)),
             prompt_tokens=len(prompt), stream=req.stream, include_usage=req.include_usage, logprobs=logprobs,
             priority=req.priority, cache_salt=req.cache_salt, prompt_logprobs=req.prompt_logprobs is not None,
         )
@@ -93,3 +94,11 @@ def check_unsupported(req: ChatCompletionRequest) -> None:
     if req.response_format is not None and req.response_format.type != "text":
         raise invalid(f"response_format type {req.response_format.type!r} (structured output) is not "
                       "supported; only 'text' is", "response_format.type")
+
+
+def echo_texts(req: ChatCompletionRequest) -> list[str] | None:
+    """With echo, the reply is prefixed by the final message's text if that message is the assistant's."""
+    final = req.messages[-1]
+    if not req.echo or final.role != "assistant" or final.content is None:
+        return None
+    return [text_content(final.content, len(req.messages) - 1)]

@@ -160,6 +160,23 @@ def test_echo_stream_sends_the_prompt_first(client):
     assert "".join(c.choices[0].text for c in chunks) == "ab" + SCRIPT[:3]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_echo_prefixes_the_final_assistant_message(client, stream):
+    """vLLM's chat echo: continuing an assistant message, the reply starts with that message's text; with
+    a final user message there is nothing to echo."""
+    def reply(messages, **extra):
+        response = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0,
+                                                  stream=stream, extra_body={"echo": True, **extra})
+        if not stream:
+            return response.choices[0].message.content
+        return "".join(c.choices[0].delta.content or "" for c in response if c.choices)
+
+    partial = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}]
+    continued = reply(partial, add_generation_prompt=False, continue_final_message=True)
+    assert continued == "Once" + SCRIPT[:4]
+    assert reply([{"role": "user", "content": "hi"}]) == SCRIPT[:4]
+
+
 def test_token_prompts_and_batches(client):
     result = client.completions.create(model="tiny", prompt=[[104, 105], [111, 107, 33]], max_tokens=2, n=2,
                                        temperature=0)
