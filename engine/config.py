@@ -26,6 +26,8 @@ DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 GiB = 1 << 30
+DEFAULT_RING_BYTES = 16 << 20
+PARAMS_ALLOWANCE = 64 << 10        # bytes kept in the request ring for an AddRequest's params
 
 
 class ConfigError(ValueError):
@@ -74,7 +76,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_logprobs: int = 20
     # --- processes and rings
     in_process: bool = False                 # scheduler and one executor in the caller (debugging, unit tests)
-    ring_bytes: int = 16 << 20               # the broadcast ring; the other rings are sized from it
+    ring_bytes: int = DEFAULT_RING_BYTES     # the broadcast ring; the others are sized from it; grows
+                                             # by default for contexts beyond about a million tokens
     spin_us: int | None = None               # spin window before sleeping; None: adapt to the device
     startup_timeout_s: float = 600.0
     # --- derived by finalize(); never set by hand
@@ -188,6 +191,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         # The request ring must take a max_model_len prompt (4 B a token) plus its sampling params; the
         # scheduler then keeps every broadcast step within its ring (see Scheduler.max_new_request_bytes).
         needed = 4 * (4 * self.max_model_len + PARAMS_ALLOWANCE)
+        if self.ring_bytes == DEFAULT_RING_BYTES and needed > self.ring_bytes:     # million-token contexts
+            self.ring_bytes = -(-needed // (1 << 20)) << 20
         if self.ring_bytes < needed:
             raise ConfigError(
                 f"ring_bytes {self.ring_bytes} is too small for max_model_len {self.max_model_len}: "
@@ -268,9 +273,6 @@ def _model_max_len(hf: dict) -> int:
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-
-
-PARAMS_ALLOWANCE = 64 << 10        # bytes left in the request ring for an AddRequest's params
 
 
 def _check_positive(name: str, value: int) -> None:

@@ -250,3 +250,16 @@ def test_many_long_prompts_with_prefix_hits_start_together(no_leaks):
 def test_rings_too_small_for_max_model_len_are_refused():
     with pytest.raises(ConfigError, match=r"ring_bytes 65536 is too small for max_model_len 2048"):
         EngineConfig(load_format="fake", max_model_len=2048, ring_bytes=64 << 10).finalize()
+
+
+
+def test_default_rings_grow_for_million_token_contexts(tiny_model):
+    """A model whose context is longer than the default rings take gets larger rings, not an error; rings
+    set explicitly too small for max_model_len are refused with the figure they would need."""
+    path = tiny_model("LlamaForCausalLM", max_position_embeddings=2_000_000)
+    config = EngineConfig(model=str(path))
+    config.finalize()
+    assert config.max_model_len == 2_000_000 and config.ring_bytes >= 4 * (4 * 2_000_000 + (64 << 10))
+    assert config.ring_bytes % (1 << 20) == 0
+    with pytest.raises(ConfigError, match=r"ring_bytes 8388608 is too small for max_model_len 2000000"):
+        EngineConfig(model=str(path), ring_bytes=8 << 20).finalize()
