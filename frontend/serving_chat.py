@@ -84,7 +84,7 @@ def check_unsupported(req: ChatCompletionRequest) -> None:
     runs without a tool-call parser or a guided-decoding backend)."""
     if req.tools:
         # OpenAI's default tool_choice is "auto" when tools are given.
-        if req.tool_choice is None or req.tool_choice != "none":
+        if req.tool_choice != "none":
             raise invalid(
                 f"tool_choice {req.tool_choice or 'auto'!r} needs tool calls parsed out of the model's output, "
                 "which ringserve does not do; send tool_choice 'none' to get a plain answer (the tools are "
