@@ -425,19 +425,15 @@ class EngineClient:
         if loop is not None and not loop.is_closed() and _running_loop() is not loop:
             if _post(loop, self._fail_all, error):      # asyncio objects belong to their loop
                 return
-        if loop is not None and loop.is_closed():       # nobody can await them any more
-            self._by_handle.clear()
-            self._by_id.clear()
-            self._calls.clear()
-            return
-        for state in list(self._by_handle.values()):
-            if state.collector is not None:
-                state.collector.fail(error)
+        if loop is None or not loop.is_closed():         # on a closed loop nobody can await them any more
+            for state in self._by_handle.values():
+                if state.collector is not None:
+                    state.collector.fail(error)
+            for waiter in self._calls.values():
+                if isinstance(waiter, asyncio.Future) and not waiter.done():
+                    waiter.set_exception(error)
         self._by_handle.clear()
         self._by_id.clear()
-        for waiter in list(self._calls.values()):
-            if isinstance(waiter, asyncio.Future) and not waiter.done():
-                waiter.set_exception(error)
         self._calls.clear()
 
 
