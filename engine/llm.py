@@ -130,6 +130,8 @@ class LLM:
             while unfinished:
                 for delta in engine.poll(timeout=1.0):
                     stream = streams[delta.request_id]
+                    if stream.finished:
+                        continue    # a later step's news, read in the same poll, of a stop-string finish
                     generated += len(delta.new_token_ids)
                     if stream.apply(delta):
                         engine.abort_request(delta.request_id)
@@ -194,9 +196,8 @@ class _Stream:
         return Detokenizer(self.tokenizer, self.request.params, self.request.prompt_token_ids)
 
     def apply(self, delta: RequestDelta) -> bool:
-        """Take one delta; True when a stop string ended the sequence (the engine must abort it)."""
-        if self.finished:
-            return False
+        """Take one delta of an unfinished sequence; True when a stop string ended it (the engine must
+        abort it)."""
         if delta.num_cached_tokens is not None:
             self.num_cached_tokens = delta.num_cached_tokens
         if delta.prompt_logprobs:

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.outputs import RequestDelta
 from tests.conftest import shared_path
 
 
@@ -113,3 +114,34 @@ def test_profiling_through_the_engine_processes(llm, tmp_path):
     llm.generate("profiled", SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     path = llm.stop_profile()
     assert path.startswith(str(tmp_path)) and "traceEvents" in open(path).read()
+
+
+def test_news_after_a_stop_string_in_the_same_poll_is_ignored(llm, monkeypatch):
+    """A stop string ends a sequence in the frontend while the engine has already produced more steps;
+    when one poll returns those later steps too, the sequence must be counted finished once (counting it
+    again made generate() wait forever for a sequence that does not exist)."""
+    ids = llm.get_tokenizer().encode("abXYcdef", add_special_tokens=False)
+    added, aborted, polls = [], [], []
+    defaults = llm.engine.generation_defaults
+
+    class ScriptedEngine:
+        generation_defaults = defaults
+
+        def add_request(self, child_id, prompt_token_ids, params):
+            added.append(child_id)
+
+        def abort_request(self, child_id):
+            aborted.append(child_id)
+
+        def poll(self, timeout=None):
+            polls.append(timeout)
+            assert len(polls) == 1, "generate() polled again after every sequence had finished"
+            (request_id,) = added
+            return [RequestDelta(request_id, ids[:4]), RequestDelta(request_id, ids[4:6]),
+                    RequestDelta(request_id, ids[6:], finished=True, finish_reason="length")]
+
+    monkeypatch.setattr(llm, "engine", ScriptedEngine())
+    params = SamplingParams(temperature=0.0, max_tokens=8, stop=["XY"])
+    (output,) = llm.generate("x", params, use_tqdm=False)
+    assert output.outputs[0].text == "ab" and output.outputs[0].stop_reason == "XY"
+    assert aborted == added
