@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ SLEEP_SLICE_S = 0.05
 # The price: two peers squeezed onto one core delay each other by up to this much per hand-over.
 POLL_S = 20e-6
 PEER_CHECK_INTERVAL_S = 0.1
+_ALL_SIGNALS = signal.valid_signals()
 
 
 class PeerDiedError(RuntimeError):
@@ -63,6 +65,7 @@ def wait_until(
                 peer_check()
                 next_peer_check = now + PEER_CHECK_INTERVAL_S
             yield_core()
+    in_main_thread = None           # looked up at the first sleep: the spin path never needs it
     while True:
         announce()
         if ready():
@@ -76,12 +79,33 @@ def wait_until(
         nap = SLEEP_SLICE_S if deadline is None else min(SLEEP_SLICE_S, deadline - now)
         if peer_check is not None:
             nap = min(nap, next_peer_check - now)
-        try:
-            sem.acquire(nap)
-        except posix_ipc.BusyError:
-            pass
-        except posix_ipc.SignalError:
-            pass  # the signal's Python handler has run (and returned); wait on
+        if in_main_thread is None:
+            in_main_thread = threading.current_thread() is threading.main_thread()
+        if in_main_thread:
+            _sleep_with_signals_held(sem, nap)
+        else:
+            try:
+                sem.acquire(nap)
+            except (posix_ipc.BusyError, posix_ipc.SignalError):
+                pass    # a signal here runs no Python handler: only the main thread runs them
+
+
+def _sleep_with_signals_held(sem: posix_ipc.Semaphore, nap: float) -> None:
+    """sem.acquire(nap) with every signal held back until it returns.
+
+    posix_ipc runs the Python handler of a signal that interrupts acquire() and then raises SignalError in
+    place of whatever the handler raised (only KeyboardInterrupt gets through), so a SystemExit from a
+    SIGTERM handler, or pytest-timeout's failure, would be lost and the wait would go on. Held back, the
+    signal is delivered when the mask is restored and its handler runs and raises as usual, at most one
+    slice later. (Python runs signal handlers only in the main thread, so only that thread needs this.)
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
+    try:
+        sem.acquire(nap)
+    except posix_ipc.BusyError:
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 # ----------------------------------------------------------------------------- peer liveness

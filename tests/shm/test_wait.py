@@ -114,3 +114,26 @@ def test_wait_until_is_woken_by_a_post(sem, monkeypatch):
     assert wait_until(published.is_set, lambda: None, sem, start + 10, 0, None) is True
     assert time.monotonic() - start < 1.0  # the post, not the 5 s slice
     thread.join()
+
+
+def test_an_exception_from_a_signal_handler_ends_the_wait(sem):
+    """posix_ipc swallows what a signal handler raises while acquire() sleeps (it raises SignalError
+    instead); the wait must let it through (pytest-timeout and SIGTERM handlers rely on it)."""
+    import signal
+
+    class Alarm(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Alarm
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    start = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Alarm):
+            wait_until(lambda: False, lambda: None, sem, start + 5.0, 0, None)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - start < 1.0
