@@ -25,7 +25,8 @@ SLEEP_SLICE_S = 0.05
 # The price: two peers squeezed onto one core delay each other by up to this much per hand-over.
 POLL_S = 20e-6
 PEER_CHECK_INTERVAL_S = 0.1
-_ALL_SIGNALS = signal.valid_signals()
+_HANDLER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM,
+                    signal.SIGVTALRM, signal.SIGPROF, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class PeerDiedError(RuntimeError):
@@ -65,7 +66,7 @@ def wait_until(
                 peer_check()
                 next_peer_check = now + PEER_CHECK_INTERVAL_S
             yield_core()
-    in_main_thread = None           # looked up at the first sleep: the spin path never needs it
+    held_signals = None             # looked up at the first sleep: the spin path never needs it
     while True:
         announce()
         if ready():
@@ -79,34 +80,44 @@ def wait_until(
         nap = SLEEP_SLICE_S if deadline is None else min(SLEEP_SLICE_S, deadline - now)
         if peer_check is not None:
             nap = min(nap, next_peer_check - now)
-        if in_main_thread is None:
-            in_main_thread = threading.current_thread() is threading.main_thread()
-        if in_main_thread:
-            _sleep_with_signals_held(sem, nap)
+        if held_signals is None:
+            held_signals = _signals_to_hold()
+        if held_signals:
+            _sleep_with_signals_held(sem, nap, held_signals)
         else:
             try:
                 sem.acquire(nap)
             except (posix_ipc.BusyError, posix_ipc.SignalError):
-                pass    # a signal here runs no Python handler: only the main thread runs them
+                pass    # KeyboardInterrupt, the only exception a handler here can raise, gets through
 
 
-def _sleep_with_signals_held(sem: posix_ipc.Semaphore, nap: float) -> None:
-    """sem.acquire(nap) with every signal held back until it returns.
+def _signals_to_hold() -> frozenset[int]:
+    """The signals whose Python handlers may raise what posix_ipc would drop.
 
     posix_ipc runs the Python handler of a signal that interrupts acquire() and then raises SignalError in
-    place of whatever the handler raised (only KeyboardInterrupt gets through), so a SystemExit from a
-    SIGTERM handler, or pytest-timeout's failure, would be lost and the wait would go on. Held back, the
-    signal is delivered when the mask is restored and its handler runs and raises as usual, at most one
-    slice later. (Python runs signal handlers only in the main thread, so only that thread needs this.)
+    place of whatever the handler raised; only KeyboardInterrupt gets through. So a SystemExit from a
+    SIGTERM handler, or pytest-timeout's failure from SIGALRM, would be lost and the wait would go on.
+    Python runs handlers only in the main thread, so other threads hold nothing. Looked up once per wait
+    (a few getsignal calls), and only for the signals programs put such handlers on.
     """
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
+    if threading.current_thread() is not threading.main_thread():
+        return frozenset()
+    return frozenset(
+        signum for signum in _HANDLER_SIGNALS
+        if callable(handler := signal.getsignal(signum)) and handler is not signal.default_int_handler
+    )
+
+
+def _sleep_with_signals_held(sem: posix_ipc.Semaphore, nap: float, signals: frozenset[int]) -> None:
+    """sem.acquire(nap) with `signals` held back: they are delivered when the mask is restored, and their
+    handlers run and raise as usual, at most one slice late."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         sem.acquire(nap)
     except posix_ipc.BusyError:
         pass
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 # ----------------------------------------------------------------------------- peer liveness
 def describe_exit(pid: int, name: str, returncode: int) -> str:
