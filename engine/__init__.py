@@ -1,5 +1,11 @@
 """The engine: `from engine import LLM, SamplingParams`.
 
+Layout, one subpackage per process (DESIGN §1-2): `client/` runs in the frontend process, `core/` is the
+scheduler process, `executor/` the executor processes (and the scheduler's handle on them), `sample/` the
+sampler inside each executor; `models/`, `layers/` and `attention/` are the model. This root holds the
+public face (`llm.py`) and the contracts every process shares: config, errors, sampling params, outputs,
+the cross-process messages, process spawning and the tensor-parallel group.
+
 Names are resolved lazily so that importing a light module (the protocol, the config) never pays for
 torch or transformers.
 """
@@ -10,10 +16,10 @@ _EXPORTS = {
     "LLM": "engine.llm",
     "SamplingParams": "engine.sampling_params",
     "EngineConfig": "engine.config",
-    "EngineClient": "engine.client",
+    "EngineClient": "engine.client.engine_client",
     "RequestOutput": "engine.outputs",
     "CompletionOutput": "engine.outputs",
-    "EngineDeadError": "engine.outputs",
+    "EngineDeadError": "engine.errors",
 }
 
 __all__ = list(_EXPORTS)

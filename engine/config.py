@@ -14,12 +14,9 @@ import re
 
 import msgspec
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
+from engine.errors import ConfigError
+from engine.models.model_args import SUPPORTED_ARCHITECTURES, ModelArgs
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy", "fake")
 DEVICES = ("auto", "cpu", "cuda")
@@ -28,10 +25,8 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 GiB = 1 << 30
 DEFAULT_RING_BYTES = 16 << 20
 PARAMS_ALLOWANCE = 64 << 10        # bytes kept in the request ring for an AddRequest's params
-
-
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the option."""
+CPU_SPIN_US = 100                  # spin windows before sleeping (DESIGN §2)
+CUDA_SPIN_US = 2000
 
 
 def parse_size(text: str | int) -> int:
@@ -111,6 +106,13 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     def result_ring_bytes(self) -> int:
         return self.ring_bytes // 4
 
+    @property
+    def spin_window_us(self) -> int:
+        """How long executors (and the scheduler waiting on them) spin before sleeping on a semaphore."""
+        if self.spin_us is not None:
+            return self.spin_us
+        return CUDA_SPIN_US if self.resolved_device == "cuda" else CPU_SPIN_US
+
     def hf_config(self) -> dict:
         return read_model_config(self.model)
 
@@ -127,7 +129,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.finalized:
             return self
         if not self.model:
-            from tools.demo_model import ensure_demo_model
+            from engine.models.demo import ensure_demo_model  # stdlib only; builds files on first use
 
             self.model = ensure_demo_model()
             if self.served_model_name is None:
@@ -198,8 +200,6 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"ring_bytes {self.ring_bytes} is too small for max_model_len {self.max_model_len}: "
                 f"a full-length prompt needs ring_bytes >= {needed}"
             )
-        from engine.models.model_args import ModelArgs
-
         ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what the decoder can't compute
 
         if self.max_num_batched_tokens is None:

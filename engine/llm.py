@@ -10,11 +10,11 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from engine.client import EngineClient
+from engine.client.engine_client import EngineClient
+from engine.client.tokenizer import load_tokenizer
 from engine.config import EngineConfig
 from engine.outputs import CompletionOutput, RequestDelta, RequestOutput, TokenLogprobs
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import load_tokenizer
 
 
 class LLM:
@@ -191,7 +191,7 @@ class _Stream:
             self.detokenizer = self._new_detokenizer()
 
     def _new_detokenizer(self):
-        from engine.detokenizer import Detokenizer
+        from engine.client.detokenizer import Detokenizer
 
         return Detokenizer(self.tokenizer, self.request.params, self.request.prompt_token_ids)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import msgspec
 
+from engine.outputs import FINISH_REASONS  # noqa: F401  (re-exported: the codes index it)
 from engine.sampling_params import SamplingParams
 from shm.codec import FLOAT32, INT32, INT64, Codec, pack, unpack  # noqa: F401  (re-exported)
 
@@ -32,9 +33,8 @@ HANDLE = INT64     # request handles
 TOKEN = INT32      # token ids, counts, positions, block ids
 FLOAT = FLOAT32    # logprobs
 
-# Finish reasons as they travel (uint8 codes) and as users see them.
+# Finish reasons as they travel: uint8 codes, each an index into engine.outputs.FINISH_REASONS.
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = 0, 1, 2
-FINISH_REASONS = ("stop", "length", "abort")
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=False, tag_field="k"):

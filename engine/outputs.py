@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.errors import EngineDeadError
 
-class EngineDeadError(RuntimeError):
-    """The engine cannot serve any more: a process died or failed. The message says which and how."""
+# Why a request ended, as the APIs spell it; the wire carries the index into this tuple (engine.messages).
+FINISH_REASONS = ("stop", "length", "abort")
+
+__all__ = ["FINISH_REASONS", "CompletionOutput", "EngineDeadError", "RequestDelta", "RequestOutput",
+           "TokenLogprobs"]
 
 
 @dataclass(slots=True)

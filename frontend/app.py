@@ -18,10 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from engine.client.tokenizer import load_tokenizer, model_generation_defaults
 from engine.outputs import EngineDeadError
-from engine.tokenizer import load_tokenizer, model_generation_defaults
+from frontend import version
 from frontend.chat_template import ChatTemplate
-from frontend.cli import _version
 from frontend.config import ServerConfig
 from frontend.errors import ApiError, error_response, from_engine_error
 from frontend.logprobs import TokenStrings
@@ -115,7 +115,7 @@ class _Handlers:
         return Response(self.ctx.metrics.render(), media_type=CONTENT_TYPE)
 
     async def version(self, request: Request) -> Response:
-        return json_response({"version": _version()})
+        return json_response({"version": version()})
 
     async def start_profile(self, request: Request) -> Response:
         ctx = self.ctx

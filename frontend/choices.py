@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from engine.detokenizer import Detokenizer
+from engine.client.detokenizer import Detokenizer
 from engine.outputs import RequestDelta, TokenLogprobs
 from engine.sampling_params import SamplingParams
 from frontend.metrics import ServerMetrics

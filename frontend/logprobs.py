@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.detokenizer import backend_tokenizer
+from engine.client.detokenizer import backend_tokenizer
 from engine.outputs import TokenLogprobs
 
 

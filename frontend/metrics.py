@@ -15,7 +15,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from engine.protocol import FINISH_REASONS
+from engine.outputs import FINISH_REASONS
 
 logger = logging.getLogger("ringserve.metrics")
 

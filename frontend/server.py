@@ -44,7 +44,7 @@ async def _serve(config: ServerConfig, engine_client) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         if engine_client is None:
-            from engine.client import EngineClient
+            from engine.client.engine_client import EngineClient
 
             engine_client = EngineClient(config.engine)
         try:

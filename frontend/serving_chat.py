@@ -8,8 +8,8 @@ from starlette.requests import Request
 
 from engine.outputs import RequestDelta
 from frontend.chat_template import text_content
+from frontend.choices import Choice
 from frontend.errors import invalid
-from frontend.generation import Choice
 from frontend.logprobs import chat_logprobs, prompt_logprobs_json
 from frontend.protocol import ChatCompletionRequest
 from frontend.responses import DisconnectAwareResponse, sse_event

@@ -7,8 +7,8 @@ import time
 from starlette.requests import Request
 
 from engine.outputs import RequestDelta
+from frontend.choices import Choice
 from frontend.errors import invalid
-from frontend.generation import Choice
 from frontend.logprobs import completion_logprobs, prompt_logprobs_json
 from frontend.protocol import MAX_PROMPTS, CompletionRequest
 from frontend.responses import DisconnectAwareResponse

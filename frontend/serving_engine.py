@@ -21,13 +21,13 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Send
 
-from engine.detokenizer import Detokenizer, backend_tokenizer
+from engine.client.detokenizer import Detokenizer, backend_tokenizer
 from engine.outputs import RequestDelta
 from engine.sampling_params import SamplingParams
 from frontend.chat_template import ChatTemplate, template_messages
+from frontend.choices import Choice, ChoiceEvent, merge_streams, stream_choice
 from frontend.config import ServerConfig
 from frontend.errors import ApiError, error_body, from_engine_error, from_validation_error, invalid
-from frontend.generation import Choice, ChoiceEvent, merge_streams, stream_choice
 from frontend.logprobs import TokenStrings
 from frontend.metrics import ServerMetrics
 from frontend.profiling import RequestEventLog

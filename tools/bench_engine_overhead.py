@@ -16,7 +16,7 @@ import time
 
 import click
 
-from engine.client import EngineClient
+from engine.client.engine_client import EngineClient
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 

@@ -3,7 +3,7 @@
 Prints load time, prefill tokens/s, the median decode step and its tokens/s, and the memory bandwidth a
 decode step achieves (weights + KV read per step / step time), i.e. gpt-fast's distance to the limit.
 
-    python -m engine.models.benchmark ../shared/models/configs/qwen3-tiny --batch 8 --prompt-len 128
+    python -m tools.bench_model ../shared/models/configs/qwen3-tiny --batch 8 --prompt-len 128
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig
-from engine.loader import load_model
+from engine.models.loader import load_model
 
 
 def uniform_batch(batch: int, query_len: int, seq_len: int, block_size: int) -> AttentionMetadata:

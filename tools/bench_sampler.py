@@ -17,8 +17,8 @@ import time
 import numpy as np
 import torch
 
-from engine.sampler import Sampler
-from engine.sampling_batch import SamplingBatch
+from engine.sample.sampler import Sampler
+from engine.sample.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
 
 VOCAB = 151_936

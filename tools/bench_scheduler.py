@@ -24,7 +24,8 @@ import click
 import numpy as np
 
 from engine.config import EngineConfig
-from engine.protocol import (
+from engine.core.scheduler import Scheduler
+from engine.messages import (
     HANDLE,
     TOKEN,
     AddRequest,
@@ -37,7 +38,6 @@ from engine.protocol import (
     unpack,
 )
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 
 TARGETS_MS = {256: 0.5, 1024: 2.0}
 

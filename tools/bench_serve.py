@@ -260,8 +260,8 @@ async def first_served_model(client: httpx.AsyncClient, base_url: str) -> tuple[
 
 def load_bench_tokenizer(path: str | None, model: str):
     """The tokenizer at `path`, or at `model` when that is a local directory; never downloads."""
+    from engine.client.tokenizer import load_tokenizer
     from engine.config import EngineConfig
-    from engine.tokenizer import load_tokenizer
 
     path = path or (model if os.path.isdir(model) else None)
     if path is None:

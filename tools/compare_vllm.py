@@ -65,7 +65,7 @@ def materialize(model: str, tokenizer: str, dtype: str, seed: int) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from tools.demo_model import cache_root
+    from engine.models.demo import cache_root
 
     name = f"compare-{os.path.basename(os.path.normpath(model))}-{dtype}-seed{seed}"
     target = os.path.join(cache_root(), name)

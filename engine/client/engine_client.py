@@ -24,12 +24,10 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from engine.client.output_processor import RequestCollector, RequestState, deltas_from_outputs
+from engine.client.tokenizer import eos_token_ids, model_generation_defaults
 from engine.config import EngineConfig
-from engine.engine_core import ring_spec_json
-from engine.output_processor import RequestCollector, RequestState, deltas_from_outputs
-from engine.outputs import EngineDeadError, RequestDelta
-from engine.process import describe_exit, spawn, stop
-from engine.protocol import (
+from engine.messages import (
     HANDLE,
     AbortRequests,
     AddRequest,
@@ -44,8 +42,9 @@ from engine.protocol import (
     SchedulerStats,
     pack,
 )
+from engine.outputs import EngineDeadError, RequestDelta
+from engine.process import describe_exit, spawn, stop
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import eos_token_ids, model_generation_defaults
 from shm.ring import RingTimeout, SpscRing
 from shm.segment import sweep_stale
 from shm.wait import PeerDiedError
@@ -86,7 +85,8 @@ class EngineClient:
             return self
         self._started = True
         if self.config.in_process:
-            from engine.engine_core import EngineCore, LocalExecutor
+            from engine.core.engine_core import EngineCore  # in-process mode only (debugging, unit tests)
+            from engine.executor.group import LocalExecutor
 
             self._local = EngineCore(self.config, LocalExecutor(self.config))
             self.num_blocks = self._local.executor.num_blocks
@@ -102,10 +102,10 @@ class EngineClient:
         self._requests = SpscRing.create(config.request_ring_bytes, spin_us=0)
         self._outputs = SpscRing.create(config.output_ring_bytes, spin_us=0)
         try:
-            self._proc = spawn("engine.engine_core", {
+            self._proc = spawn("engine.core.main", {
                 "config": config.to_json().decode(),
-                "request_ring": ring_spec_json(self._requests.spec),
-                "output_ring": ring_spec_json(self._outputs.spec),
+                "request_ring": self._requests.spec.to_json().decode(),
+                "output_ring": self._outputs.spec.to_json().decode(),
             })
             self._requests.set_peer_check(self._check_scheduler)
             self._outputs.set_peer_check(self._check_scheduler)

@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.messages import FINISH_REASONS, FLOAT, HANDLE, TOKEN, EngineOutputs, Logprobs, unpack
 from engine.outputs import EngineDeadError, RequestDelta, TokenLogprobs
-from engine.protocol import FINISH_REASONS, FLOAT, HANDLE, TOKEN, EngineOutputs, Logprobs, unpack
 
 
 @dataclass(slots=True)

@@ -16,8 +16,8 @@ import hashlib
 from array import array
 from collections.abc import Sequence
 
-from engine.block_pool import BlockPool, KVCacheBlock
-from engine.request import Request
+from engine.core.block_pool import BlockPool, KVCacheBlock
+from engine.core.request import Request
 
 # The parent of every request's first block. Fixed, so hashes are stable across processes and restarts.
 ROOT_BLOCK_HASH = hashlib.sha256(b"ringserve prefix cache v1").digest()

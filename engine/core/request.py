@@ -12,7 +12,7 @@ import enum
 import time
 from typing import TYPE_CHECKING
 
-from engine.protocol import (
+from engine.messages import (
     FINISH_ABORT,
     FINISH_LENGTH,
     FINISH_STOP,
@@ -23,7 +23,7 @@ from engine.protocol import (
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.block_pool import KVCacheBlock
+    from engine.core.block_pool import KVCacheBlock
 
 
 class RequestStatus(enum.IntEnum):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from engine.request import Request, RequestStatus
+from engine.core.request import Request, RequestStatus
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 

@@ -21,10 +21,12 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from engine.block_pool import KVCacheBlock
 from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager, cdiv
-from engine.protocol import (
+from engine.core.block_pool import KVCacheBlock
+from engine.core.kv_cache_manager import KVCacheManager, cdiv
+from engine.core.request import FINISH_CODES, Request, RequestStatus
+from engine.core.request_queue import create_request_queue, pick_preemption_victim
+from engine.messages import (
     HANDLE,
     TOKEN,
     AddRequest,
@@ -35,8 +37,6 @@ from engine.protocol import (
     SchedulerStats,
     unpack,
 )
-from engine.request import FINISH_CODES, Request, RequestStatus
-from engine.sched_policy import create_request_queue, pick_preemption_victim
 
 RUNNING, PREEMPTED = RequestStatus.RUNNING, RequestStatus.PREEMPTED
 FINISHED_ABORTED = RequestStatus.FINISHED_ABORTED

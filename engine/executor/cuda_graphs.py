@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention import AttentionMetadata
-from engine.input_batch import StepInputs
+from engine.executor.input_batch import StepInputs
 
 MAX_CAPTURE_SIZE = 512
 

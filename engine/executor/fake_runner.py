@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.config import EngineConfig
-from engine.input_batch import InputBatch
-from engine.protocol import HANDLE, TOKEN, ModelRunnerOutput, SchedulerOutput, unpack
+from engine.executor.input_batch import InputBatch
+from engine.messages import HANDLE, TOKEN, ModelRunnerOutput, SchedulerOutput, unpack
 
 
 class FakeModelRunner:

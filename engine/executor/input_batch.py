@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.protocol import HANDLE, TOKEN, NewRequestData, SchedulerOutput, unpack
+from engine.messages import HANDLE, TOKEN, NewRequestData, SchedulerOutput, unpack
 
 
 @dataclass

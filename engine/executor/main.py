@@ -12,8 +12,8 @@ import os
 import sys
 
 from engine.config import EngineConfig
-from engine.process import child_args, error_text, parent_check
-from engine.protocol import (
+from engine.executor.group import make_model_runner
+from engine.messages import (
     Codec,
     ExecutorCall,
     ExecutorFailed,
@@ -23,25 +23,17 @@ from engine.protocol import (
     ExecutorReply,
     SchedulerOutput,
 )
+from engine.process import child_args, error_text, parent_check
 from shm.broadcast import BroadcastRing
 from shm.ring import RingSpec, SpscRing
 from shm.wait import PeerDiedError
-
-CPU_SPIN_US = 100
-CUDA_SPIN_US = 2000
-
-
-def spin_window(config: EngineConfig) -> int:
-    if config.spin_us is not None:
-        return config.spin_us
-    return CUDA_SPIN_US if config.resolved_device == "cuda" else CPU_SPIN_US
 
 
 def main() -> int:
     args = child_args()
     config = EngineConfig.from_json(args["config"])
     rank, tp = args["rank"], config.tensor_parallel_size
-    spin = spin_window(config)
+    spin = config.spin_window_us
     broadcast = BroadcastRing.attach(RingSpec.from_json(args["broadcast"]), rank, spin_us=spin)
     result = SpscRing.attach(RingSpec.from_json(args["result"]), spin_us=spin)
     check = parent_check(args["parent_pid"], "the scheduler")
@@ -65,17 +57,6 @@ def main() -> int:
     finally:
         broadcast.close()
         result.close()
-
-
-def make_model_runner(config: EngineConfig, rank: int = 0, tp_size: int = 1):
-    """The model runner for config.load_format; the fake one imports no torch and starts in a blink."""
-    if config.load_format == "fake":
-        from engine.fake_runner import FakeModelRunner
-
-        return FakeModelRunner(config, rank, tp_size)
-    from engine.model_runner import ModelRunner
-
-    return ModelRunner(config, rank, tp_size)
 
 
 def _start(config: EngineConfig, rank: int, tp: int, args: dict):

@@ -16,8 +16,8 @@ import torch
 
 from engine.attention import AttentionMetadata, get_attention_backend
 from engine.config import EngineConfig
-from engine.input_batch import InputBatch, StepInputs
-from engine.protocol import (
+from engine.executor.input_batch import InputBatch, StepInputs
+from engine.messages import (
     FLOAT,
     HANDLE,
     TOKEN,
@@ -50,9 +50,9 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ startup
     def load(self) -> None:
-        from engine.loader import load_model
-        from engine.sampler import Sampler
-        from engine.sampling_batch import SamplingBatch
+        from engine.models.loader import load_model
+        from engine.sample.sampler import Sampler
+        from engine.sample.sampling_batch import SamplingBatch
 
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -139,7 +139,7 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)]
         self.num_blocks = num_blocks
         if self.device.type == "cuda" and not self.config.enforce_eager:
-            from engine.cuda_graphs import CudaGraphRunner
+            from engine.executor.cuda_graphs import CudaGraphRunner
 
             self.graphs = CudaGraphRunner(self)
             self.graphs.capture()
@@ -235,7 +235,7 @@ class ModelRunner:
         return result
 
     def prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> list[RequestLogprobs]:
-        from engine.logprobs import compute_prompt_logprobs
+        from engine.sample.logprobs import compute_prompt_logprobs
 
         result = []
         for plan in inputs.prompt_logprobs:

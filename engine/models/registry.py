@@ -1,10 +1,10 @@
-"""Model architectures and their registry: every supported HF architecture maps to one model class."""
+"""The model registry: every supported HF architecture maps to one model class."""
 
 from __future__ import annotations
 
-from engine.config import SUPPORTED_ARCHITECTURES, ConfigError
+from engine.errors import ConfigError
 from engine.models.llama import LlamaForCausalLM
-from engine.models.model_args import ModelArgs
+from engine.models.model_args import SUPPORTED_ARCHITECTURES, ModelArgs
 
 # The type the model runner sees (forward, compute_logits, num_layers, num_kv_heads, head_dim, dtype).
 CausalLM = LlamaForCausalLM

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.vocab_ops import Workspace, block_reduce, count_greater, logsumexp_rows, topk_rows
+from engine.sample.vocab_ops import Workspace, block_reduce, count_greater, logsumexp_rows, topk_rows
 
 PROMPT_LOGPROBS_CHUNK_ROWS = 64     # bounds the scratch of prompt logprobs to 64 x V floats
 

@@ -31,9 +31,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.logprobs import LogprobsTensors, compute_logprobs
-from engine.sampling_metadata import PenaltyTensors, SamplingGroup, SamplingMetadata
-from engine.vocab_ops import Workspace, argmax_rows, block_reduce, sample_candidates, sample_rows, topk_rows
+from engine.sample.logprobs import LogprobsTensors, compute_logprobs
+from engine.sample.metadata import PenaltyTensors, SamplingGroup, SamplingMetadata
+from engine.sample.vocab_ops import (
+    Workspace,
+    argmax_rows,
+    block_reduce,
+    sample_candidates,
+    sample_rows,
+    topk_rows,
+)
 
 NUCLEUS_GUESS = 64           # top-p: candidates tried before the rejection draw over the whole vocabulary
 # Full-vocabulary weights keep tokens within e^70 of the most likely one (or min_p of it): the rest, each

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.sampling_metadata import PenaltyTensors, RowRandomness, SamplingGroup, SamplingMetadata
+from engine.sample.metadata import PenaltyTensors, RowRandomness, SamplingGroup, SamplingMetadata
+from engine.sample.token_occurrences import TokenOccurrences
 from engine.sampling_params import SAMPLING_EPS, SamplingParams
-from engine.token_occurrences import TokenOccurrences
 
 
 @dataclass(slots=True)

@@ -11,10 +11,12 @@ import importlib
 
 import click
 
+from frontend import version
+
 COMMANDS: dict[str, str] = {
-    "serve": "frontend.cli_serve:serve",
-    "chat": "frontend.cli_chat:chat",
-    "generate": "frontend.cli_generate:generate",
+    "serve": "frontend.cli.serve:serve",
+    "chat": "frontend.cli.chat:chat",
+    "generate": "frontend.cli.generate:generate",
 }
 
 BENCH_COMMANDS: dict[str, str] = {
@@ -43,17 +45,8 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ringserve")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(_version(), prog_name="ringserve")
+@click.version_option(version(), prog_name="ringserve")
 def main() -> None:
     """ringserve: an LLM inference and serving engine on shared-memory rings."""
 
@@ -62,6 +55,3 @@ def main() -> None:
 def bench() -> None:
     """Benchmarks: each prints its figures, and side-by-side ratios where a peer exists."""
 
-
-if __name__ == "__main__":
-    main()

@@ -8,7 +8,7 @@ import sys
 import click
 
 from engine.config import ConfigError
-from frontend.cli_serve import engine_config, engine_options
+from frontend.cli.options import engine_config, engine_options
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})

@@ -2,85 +2,19 @@
 
 from __future__ import annotations
 
-import re
 import sys
 
 import click
 
-from engine.config import (
-    DEVICES,
-    DTYPES,
-    LOAD_FORMATS,
-    SCHEDULING_POLICIES,
-    ConfigError,
-    EngineConfig,
-    parse_size,
-)
+from engine.config import ConfigError
 from frontend.chat_template import load_chat_template_source
+from frontend.cli.options import engine_config, engine_options
 from frontend.config import LOG_LEVELS, ServerConfig
-
-
-class SizeParam(click.ParamType):
-    """A token count or byte size: 4096, 32k, 1m, and (for bytes) 4GiB, 512MB, 2g."""
-
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        text = re.sub(r"(?i)(?<=[kmg])i?b$", "", str(value).strip())
-        try:
-            return parse_size(text)
-        except ConfigError as e:
-            self.fail(str(e), param, ctx)
-
-
-SIZE = SizeParam()
 
 
 def _origins(ctx, param, values: tuple[str, ...]) -> list[str]:
     """--allowed-origins may repeat and may hold a comma-separated list."""
     return [origin.strip() for value in values for origin in value.split(",") if origin.strip()]
-
-
-ENGINE_OPTIONS = [
-    click.option("--tokenizer", default=None, help="Tokenizer directory (default: MODEL)."),
-    click.option("--max-model-len", type=SIZE, default=None,
-                 help="Context length in tokens, e.g. 4096 or 32k (default: the model's)."),
-    click.option("--dtype", type=click.Choice(DTYPES), default="auto", help="Weight and activation dtype."),
-    click.option("--seed", type=int, default=0, help="Seed of the engine's random state."),
-    click.option("--tensor-parallel-size", "-tp", type=click.IntRange(min=1), default=1,
-                 help="Executors (GPUs) the model is sharded over."),
-    click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, help="Most requests in one batch."),
-    click.option("--max-num-batched-tokens", type=SIZE, default=None,
-                 help="Token budget of one engine step (default: 8192 on GPU, 2048 on CPU)."),
-    click.option("--block-size", type=click.Choice(["1", "2", "4", "8", "16", "32", "64", "128"]), default="16",
-                 help="Tokens per KV-cache block."),
-    click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=True,
-                 help="Reuse the KV cache of shared prompt prefixes."),
-    click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9,
-                 help="Fraction of GPU memory the engine may use."),
-    click.option("--kv-cache-memory", type=SIZE, default=None,
-                 help="KV-cache size in bytes, e.g. 4GiB (default on CPU: 4GiB; on GPU: from utilization)."),
-    click.option("--enforce-eager", is_flag=True, help="Never capture CUDA graphs."),
-    click.option("--load-format", type=click.Choice(LOAD_FORMATS), default="auto",
-                 help="Weights: safetensors, or dummy (random) for benchmarks at real shapes."),
-    click.option("--device", type=click.Choice(DEVICES), default="auto", help="Where the model runs."),
-    click.option("--scheduling-policy", type=click.Choice(SCHEDULING_POLICIES), default="fcfs",
-                 help="fcfs, or priority (the request's priority field; lower runs first)."),
-    click.option("--long-prefill-token-threshold", type=SIZE, default=0,
-                 help="Most tokens one prompt's prefill takes in a step (0: no cap), so that long prompts "
-                      "share steps with other requests."),
-    click.option("--max-logprobs", type=click.IntRange(min=0), default=20,
-                 help="Most logprobs a request may ask for per token."),
-]
-
-
-def engine_options(command):
-    """The engine's flags (vLLM's names), shared by `serve` and `generate`."""
-    for option in reversed(ENGINE_OPTIONS):
-        command = option(command)
-    return command
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -137,18 +71,3 @@ def _server_config(model: str, options: dict) -> ServerConfig:
     except (ConfigError, ValueError) as e:
         raise click.UsageError(str(e)) from None
     return config
-
-
-def engine_config(model: str, options: dict, **extra) -> EngineConfig:
-    """The EngineConfig that engine_options' flags describe (not yet finalized)."""
-    return EngineConfig(
-        model=model, tokenizer=options["tokenizer"], dtype=options["dtype"],
-        max_model_len=options["max_model_len"], load_format=options["load_format"], seed=options["seed"],
-        device=options["device"], tensor_parallel_size=options["tensor_parallel_size"],
-        enforce_eager=options["enforce_eager"], block_size=int(options["block_size"]),
-        enable_prefix_caching=options["enable_prefix_caching"],
-        gpu_memory_utilization=options["gpu_memory_utilization"], kv_cache_memory=options["kv_cache_memory"],
-        max_num_seqs=options["max_num_seqs"], max_num_batched_tokens=options["max_num_batched_tokens"],
-        scheduling_policy=options["scheduling_policy"], max_logprobs=options["max_logprobs"],
-        long_prefill_token_threshold=options["long_prefill_token_threshold"], **extra,
-    )

@@ -16,7 +16,8 @@ import itertools
 import numpy as np
 
 from engine.config import EngineConfig
-from engine.protocol import (
+from engine.core.scheduler import Scheduler
+from engine.messages import (
     HANDLE,
     TOKEN,
     AddRequest,
@@ -29,7 +30,6 @@ from engine.protocol import (
     unpack,
 )
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 
 _MASK63 = (1 << 63) - 1
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from engine.client import EngineClient
+from engine.client.engine_client import EngineClient
 from engine.config import ConfigError, EngineConfig
 from engine.outputs import EngineDeadError
 from engine.sampling_params import SamplingParams

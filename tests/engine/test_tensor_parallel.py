@@ -13,7 +13,7 @@ import torch
 
 from engine import distributed
 from engine.config import EngineConfig
-from engine.loader import load_model
+from engine.models.loader import load_model
 from tests.engine.hf_models import PagedBatchRunner, tiny_model_fixture  # noqa: F401  (the tiny_model fixture)
 
 PROMPTS = {"a": [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], "b": [2, 7, 1, 8], "c": [100, 200]}

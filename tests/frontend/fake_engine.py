@@ -16,11 +16,11 @@ import asyncio
 import random
 import time
 
+from engine.client.tokenizer import eos_token_ids, load_tokenizer
 from engine.config import EngineConfig
+from engine.messages import SchedulerStats
 from engine.outputs import EngineDeadError, RequestDelta, TokenLogprobs
-from engine.protocol import SchedulerStats
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import eos_token_ids, load_tokenizer
 
 SCRIPT = "The quick brown fox jumps over the lazy dog. "
 

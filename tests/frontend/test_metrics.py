@@ -7,7 +7,7 @@ import logging
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.protocol import SchedulerStats
+from engine.messages import SchedulerStats
 from frontend.metrics import ServerMetrics, log_stats_periodically
 
 

@@ -11,8 +11,8 @@ from tests.conftest import shared_path
 
 @functools.cache
 def _load(name: str):
+    from engine.client.tokenizer import load_tokenizer
     from engine.config import EngineConfig
-    from engine.tokenizer import load_tokenizer
 
     return load_tokenizer(EngineConfig(tokenizer=str(shared_path("models", "tokenizers", name))))
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.detokenizer import Detokenizer, IncrementalDetokenizer, StopStringChecker
+from engine.client.detokenizer import Detokenizer, IncrementalDetokenizer, StopStringChecker
 from engine.sampling_params import SamplingParams
 from tests.conftest import shared_path
 

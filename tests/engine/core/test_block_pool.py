@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from engine.core.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 
 
 def free_ids(pool: BlockPool) -> list[int]:

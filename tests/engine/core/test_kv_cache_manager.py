@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.kv_cache_manager import ROOT_BLOCK_HASH, KVCacheManager, hash_block_tokens
-from engine.request import Request
+from engine.core.kv_cache_manager import ROOT_BLOCK_HASH, KVCacheManager, hash_block_tokens
+from engine.core.request import Request
 from engine.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=8).resolved()

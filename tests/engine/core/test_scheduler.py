@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.config import ConfigError, EngineConfig
-from engine.protocol import HANDLE, TOKEN, AddRequest, ExecutorIn, pack, unpack
+from engine.core.scheduler import Scheduler
+from engine.messages import HANDLE, TOKEN, AddRequest, ExecutorIn, pack, unpack
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 from shm.codec import Codec
 from tests.engine.fake_model import (
     add_request,

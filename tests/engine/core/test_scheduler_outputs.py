@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.protocol import (
+from engine.messages import (
     FINISH_ABORT,
     FINISH_LENGTH,
     FINISH_STOP,

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
-from engine.protocol import FINISH_ABORT, HANDLE, TOKEN, AddRequest, pack, unpack
+from engine.core.scheduler import Scheduler
+from engine.messages import FINISH_ABORT, HANDLE, TOKEN, AddRequest, pack, unpack
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 from tests.engine.fake_model import EOS, FakeModelRunner, check_block_accounting, run_engine_loop
 
 

@@ -6,7 +6,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.layers.cpu_matmul import UpcastMatmul
-from engine.loader import load_model
+from engine.models.loader import load_model
 from tests.engine.hf_models import PagedBatchRunner, tiny_model_fixture  # noqa: F401
 
 

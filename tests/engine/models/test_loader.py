@@ -13,14 +13,14 @@ from safetensors.torch import load_file, save_file
 from engine.attention import TorchAttention
 from engine.config import ConfigError, EngineConfig
 from engine.layers import TensorSource
-from engine.loader import (
+from engine.models import LlamaForCausalLM, ModelArgs
+from engine.models.loader import (
     checkpoint_params,
     load_dummy_weights,
     load_model,
     load_safetensors_weights,
     load_tensor,
 )
-from engine.models import LlamaForCausalLM, ModelArgs
 from tests.conftest import shared_path
 from tests.engine.hf_models import PagedBatchRunner, tiny_model_fixture  # noqa: F401  (the tiny_model fixture)
 

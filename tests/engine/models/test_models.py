@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine.config import SUPPORTED_ARCHITECTURES, ConfigError, EngineConfig
-from engine.loader import load_model
 from engine.models import MODEL_REGISTRY, ModelArgs, get_model_class
+from engine.models.loader import load_model
 from tests.conftest import shared_path
 from tests.engine.hf_models import (  # noqa: F401  (the tiny_model fixture)
     ARCHITECTURES,
@@ -153,7 +153,7 @@ def test_unsupported_model_features_are_clear_errors(tiny_model, change, message
 def test_benchmark_prints_its_figures(tiny_model):
     from click.testing import CliRunner
 
-    from engine.models.benchmark import main
+    from tools.bench_model import main
 
     args = [str(tiny_model("Qwen3ForCausalLM")), "--batch", "2", "--prompt-len", "8", "--decode-steps", "2",
             "--block-size", "4"]

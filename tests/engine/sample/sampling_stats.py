@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sampler import Sampler
-from engine.sampling_batch import SamplingBatch
+from engine.sample.sampler import Sampler
+from engine.sample.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
 
 

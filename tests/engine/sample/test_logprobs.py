@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.logprobs import PROMPT_LOGPROBS_CHUNK_ROWS, compute_logprobs, compute_prompt_logprobs
-from engine.sampler import Sampler
-from engine.sampling_batch import SamplingBatch
+from engine.sample.logprobs import PROMPT_LOGPROBS_CHUNK_ROWS, compute_logprobs, compute_prompt_logprobs
+from engine.sample.sampler import Sampler
+from engine.sample.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
 
 VOCAB = 1000

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sampler import NUCLEUS_GUESS, Sampler, apply_logits_processors
-from engine.sampling_batch import SamplingBatch
-from engine.sampling_metadata import seeded_uniforms
+from engine.sample.metadata import seeded_uniforms
+from engine.sample.sampler import NUCLEUS_GUESS, Sampler, apply_logits_processors
+from engine.sample.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
-from tests.engine.sampling_stats import (
+from tests.engine.sample.sampling_stats import (
     reference_distribution,
     single_torch_thread,  # noqa: F401  (autouse fixture)
 )

@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 
-from engine.token_occurrences import TokenOccurrences
+from engine.sample.token_occurrences import TokenOccurrences
 
 VOCAB = 500
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.vocab_ops import (
+from engine.sample.vocab_ops import (
     BLOCK,
     Workspace,
     argmax_rows,

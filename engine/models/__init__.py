@@ -1,0 +1,26 @@
+"""Models: the decoder (`llama.py`: Llama, Mistral, Qwen2, Qwen3), its shape and flags read from a HF
+config.json (`model_args.py`, torch-free), the architecture registry (`registry.py`), the weight loader
+(`loader.py`: safetensors, dummy) and the built-in demo model (`demo.py`, stdlib only).
+
+This file stays light: names resolve lazily, so `engine.models.model_args` never pays for torch.
+"""
+
+from __future__ import annotations
+
+_EXPORTS = {
+    "MODEL_REGISTRY": "engine.models.registry",
+    "CausalLM": "engine.models.registry",
+    "get_model_class": "engine.models.registry",
+    "LlamaForCausalLM": "engine.models.llama",
+    "ModelArgs": "engine.models.model_args",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'engine.models' has no attribute {name!r}")

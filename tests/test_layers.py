@@ -1,0 +1,149 @@
+"""The import rules of DESIGN §1 (the table in specs/layout-by-process.md §3.4), held by reading the AST.
+
+Every module under engine/, frontend/, shm/, kernels/ and tools/ is parsed, imports inside functions
+included; each import of a first-party module must be allowed by the importing module's row. Leaves stay
+leaves, the engine never imports frontend/ or tools/, and each engine subpackage imports only what its
+process may hold. A second test pins that the scheduler process never loads torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("engine", "frontend", "shm", "kernels", "tools")
+CONTRACTS = ("engine.config", "engine.errors", "engine.sampling_params", "engine.messages", "engine.outputs",
+             "engine.process", "engine.distributed")
+MODEL_ARGS = ("engine.models.model_args", "engine.models.demo")
+FRONTEND_MAY_USE = ("engine!", "engine.config", "engine.sampling_params", "engine.outputs", "engine.errors",
+                    "engine.client", "frontend")
+
+# (row name, prefix of the importing module, prefixes it may import, prefixes it may import only lazily)
+RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
+    ("shm is a leaf", "shm", ("shm",), ()),
+    ("kernels is a leaf", "kernels", ("kernels",), ()),
+    ("tools may import anything", "tools", PACKAGES, ()),
+    ("frontend/cli", "frontend.cli", FRONTEND_MAY_USE, ()),
+    ("frontend", "frontend", FRONTEND_MAY_USE, ()),
+    ("engine/attention", "engine.attention", ("engine.attention", "kernels", *CONTRACTS), ()),
+    ("engine/layers", "engine.layers", ("engine.layers", "kernels", *CONTRACTS), ()),
+    ("engine/models", "engine.models", ("engine.models", "engine.layers", "engine.attention", "kernels",
+                                         *CONTRACTS), ()),
+    ("engine/sample", "engine.sample", ("engine.sample", "engine.sampling_params", "engine.errors"), ()),
+    ("engine/executor", "engine.executor", ("engine.executor", "engine.sample", "engine.models",
+                                             "engine.attention", "engine.layers", "kernels", "shm",
+                                             *CONTRACTS), ()),
+    ("engine/core", "engine.core", ("engine.core", "engine.executor.group", "shm", *CONTRACTS), ()),
+    ("engine/client", "engine.client", ("engine.client", "shm", *CONTRACTS),
+     ("engine.core.engine_core", "engine.executor.group")),             # in-process mode only
+    ("engine/llm.py", "engine.llm", ("engine.client", *CONTRACTS), ()),
+    ("engine façade (lazy names only)", "engine.__init__", (), ()),
+    ("engine root contracts", "engine", ("shm", *CONTRACTS, *MODEL_ARGS), ()),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts)
+
+
+def first_party_imports(source: str, module: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level?) for every first-party import in the source."""
+    tree = ast.parse(source)
+    top_level = {id(node) for node in tree.body}
+    for node in tree.body:                      # imports under `if`/`try` at module level run at import too
+        if isinstance(node, (ast.If, ast.Try)):
+            top_level.update(id(child) for child in ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:                      # relative: resolve against the importing package
+                base = module.split(".")[: -node.level]
+                names = [".".join(base + ([node.module] if node.module else []))]
+            elif node.module:
+                names = [node.module]
+                names += [f"{node.module}.{alias.name}" for alias in node.names
+                          if (ROOT / node.module.replace(".", "/") / f"{alias.name}.py").exists()]
+        for name in names:
+            if name.split(".")[0] in PACKAGES:
+                found.append((name, node.lineno, id(node) in top_level))
+    return found
+
+
+def rule_for(module: str):
+    for rule in RULES:
+        prefix = rule[1]
+        if module == prefix or module.startswith(prefix + "."):
+            return rule
+    raise AssertionError(f"no import rule covers {module}; add its row to RULES and DESIGN §1")
+
+
+def _allowed(name: str, prefixes: tuple[str, ...]) -> bool:
+    """A prefix allows itself and its submodules; 'engine!' allows the package (the façade) alone."""
+    return any(name == p.rstrip("!") or (not p.endswith("!") and name.startswith(p + ".")) for p in prefixes)
+
+
+def violations(module: str, source: str) -> list[str]:
+    row, _, allowed, lazy_only = rule_for(module)
+    bad = []
+    for name, line, top in first_party_imports(source, module):
+        if name == module or _allowed(name, allowed):
+            continue
+        if not top and _allowed(name, lazy_only):
+            continue
+        if module.startswith("engine.") and name in ("engine",):
+            continue                             # the façade package itself (its __init__ imports nothing)
+        bad.append(f"{module}:{line} imports {name} ({row} may import {', '.join(allowed) or 'nothing'})")
+    return bad
+
+
+def all_modules() -> list[tuple[str, Path]]:
+    return [(module_name(p), p) for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
+
+
+def test_every_import_follows_the_layer_table():
+    bad = [v for module, path in all_modules() for v in violations(module, path.read_text())]
+    assert not bad, "imports against the layer table (DESIGN §1):\n" + "\n".join(bad)
+
+
+def test_a_planted_reverse_import_is_caught():
+    """The check can fail: each of these would run against the intended direction."""
+    planted = {
+        "engine.config": "from tools.bench_serve import cli\n",                       # engine -> tools
+        "engine.core.scheduler": "import torch\nfrom engine.executor.main import main\n",  # core -> executor proc
+        "engine.client.engine_client": "from engine.core.scheduler import Scheduler\n",    # client -> core
+        "shm.ring": "from engine.messages import Codec\n",                            # leaf -> engine
+        "engine.sample.sampler": "from engine.messages import SchedulerOutput\n",
+        "frontend.metrics": "from engine.messages import FINISH_STOP\n",               # frontend -> wire module
+        "engine.outputs": "def f():\n    from frontend.errors import ApiError\n",    # lazy engine -> frontend
+    }
+    for module, source in planted.items():
+        assert violations(module, source), f"planted import in {module} was not caught"
+
+
+def test_lazy_exemptions_stay_lazy():
+    source = "from engine.core.engine_core import EngineCore\n"
+    assert violations("engine.client.engine_client", source)
+    assert not violations("engine.client.engine_client", "def start():\n    " + source)
+
+
+def test_the_scheduler_process_never_imports_torch():
+    code = ("import sys, engine.core.main, engine.core.scheduler, engine.executor.group\n"
+            "loaded = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]\n"
+            "assert not loaded, loaded\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_engine_root_holds_at_most_a_dozen_modules():
+    modules = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
+    assert len(modules) <= 12, modules
