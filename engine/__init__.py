@@ -25,9 +25,16 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
+def lazy_exports(package: str, exports: dict[str, str]):
+    """A module-level __getattr__ that imports each exported name from its module on first use."""
+    def __getattr__(name: str):
+        if name in exports:
+            import importlib
 
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+            return getattr(importlib.import_module(exports[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__getattr__ = lazy_exports("engine", _EXPORTS)

@@ -7,6 +7,8 @@ This file stays light: names resolve lazily, so `engine.models.model_args` never
 
 from __future__ import annotations
 
+from engine import lazy_exports
+
 _EXPORTS = {
     "MODEL_REGISTRY": "engine.models.registry",
     "CausalLM": "engine.models.registry",
@@ -16,11 +18,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'engine.models' has no attribute {name!r}")
+__getattr__ = lazy_exports("engine.models", _EXPORTS)
