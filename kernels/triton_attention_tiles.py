@@ -18,6 +18,8 @@ from triton.runtime.jit import JITFunction
 
 LOG2E = math.log2(math.e)
 MASKED_SCORE = tl.constexpr(-1.0e30)
+# powers of two (tl.arange) of at least 16 (tl.dot's smallest K); 16 is the demo and tiny test models' size
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 @triton.jit
@@ -90,8 +92,9 @@ def check_paged_inputs(
     num_kv_heads = key_cache.shape[2]
     if key_cache.shape[3] != head_dim:
         raise ValueError(f"{name}: query head_dim {head_dim} differs from the cache's {key_cache.shape[3]}")
-    if head_dim not in (32, 64, 128, 256):
-        raise ValueError(f"{name}: head_dim {head_dim} is not supported (32, 64, 128, 256)")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{name}: head_dim {head_dim} is not supported "
+                         f"({', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
     if num_heads % num_kv_heads:
         raise ValueError(f"{name}: {num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
     if block_tables.dim() != 2 or block_tables.shape[0] != seq_lens.shape[0]:

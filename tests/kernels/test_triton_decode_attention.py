@@ -12,6 +12,8 @@ from kernels.triton_decode_attention import MAX_SPLITS, default_num_splits, page
 from tests.kernels.paged_batch import make_paged_batch
 from tests.kernels.tolerances import assert_close
 
+pytestmark = pytest.mark.interpreter      # CPU tensors under TRITON_INTERPRET (tests/conftest.py)
+
 CASES = {
     # name: (seq_lens, heads, kv_heads, head_dim, block_size, dtype, num_splits)
     "one-split": ([1, 16, 17, 100], 2, 2, 32, 16, torch.float32, 1),
@@ -21,6 +23,8 @@ CASES = {
     "head-dim-128": ([40, 97], 2, 1, 128, 16, torch.bfloat16, 2),
     "head-dim-256": ([50], 2, 2, 256, 16, torch.float16, 2),
     "default-splits": ([200], 1, 1, 32, 16, torch.float32, None),
+    "head-dim-16": ([1, 17, 80], 4, 4, 16, 16, torch.float32, 2),
+    "head-dim-16-gqa-bf16": ([33, 64], 4, 2, 16, 16, torch.bfloat16, 1),
 }
 
 

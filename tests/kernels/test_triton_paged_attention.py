@@ -12,6 +12,8 @@ from kernels.triton_paged_attention import paged_attention_triton, query_tile_ro
 from tests.kernels.paged_batch import make_paged_batch
 from tests.kernels.tolerances import assert_close
 
+pytestmark = pytest.mark.interpreter      # CPU tensors under TRITON_INTERPRET (tests/conftest.py)
+
 CASES = {
     # name: (query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype)
     "pure-prefill": ([17, 40], [0, 0], 4, 4, 32, 16, torch.float32),
@@ -22,6 +24,9 @@ CASES = {
     "head-dim-128-bf16": ([6, 1], [10, 20], 2, 1, 128, 16, torch.bfloat16),
     "group-3": ([7, 1], [5, 9], 6, 2, 32, 16, torch.float32),    # like Qwen's group of 7: not a power of two
     "head-dim-256": ([5, 1], [3, 40], 2, 1, 256, 16, torch.float32),
+    # the demo and tiny test models (hidden 64, 4 heads): tl.dot's smallest K
+    "head-dim-16-mixed": ([1, 37, 1], [40, 0, 70], 4, 4, 16, 16, torch.float32),
+    "head-dim-16-gqa-bf16": ([9, 1], [31, 16], 4, 2, 16, 16, torch.bfloat16),
 }
 
 
@@ -70,6 +75,7 @@ def test_tile_rows_follow_the_batch_shape():
     [
         ((4, 6, 32), (3, 16, 4, 32), "not a multiple"),
         ((4, 2, 48), (3, 16, 1, 48), "head_dim 48"),
+        ((4, 2, 8), (3, 16, 1, 8), "head_dim 8"),
         ((4, 2, 32), (3, 16, 1, 64), "differs"),
     ],
 )
