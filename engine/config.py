@@ -27,6 +27,9 @@ DEFAULT_RING_BYTES = 16 << 20
 PARAMS_ALLOWANCE = 64 << 10        # bytes kept in the request ring for an AddRequest's params
 CPU_SPIN_US = 100                  # spin windows before sleeping (DESIGN §2)
 CUDA_SPIN_US = 2000
+# head dims the Triton attention kernels take (kernels/triton_attention_tiles.SUPPORTED_HEAD_DIMS; a test
+# pins the two equal); config may not import kernels, which would pull triton into the scheduler
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 def parse_size(text: str | int) -> int:
@@ -179,6 +182,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             )
 
         self.resolved_device = self._resolve_device()
+        if self.resolved_device == "cuda" and tp > cuda_device_count():
+            raise ConfigError(
+                f"tensor_parallel_size {tp} needs {tp} GPUs (one per rank), but torch sees "
+                f"{cuda_device_count()} (check CUDA_VISIBLE_DEVICES)"
+            )
         self.resolved_dtype = self._resolve_dtype(hf)
 
         limit = _model_max_len(hf)
@@ -200,7 +208,13 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"ring_bytes {self.ring_bytes} is too small for max_model_len {self.max_model_len}: "
                 f"a full-length prompt needs ring_bytes >= {needed}"
             )
-        ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what the decoder can't compute
+        args = ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what the decoder can't compute
+        backend = self.attention_backend or ("triton" if self.resolved_device == "cuda" else "torch")
+        if backend == "triton" and args.head_dim not in TRITON_HEAD_DIMS:
+            raise ConfigError(
+                f"head_dim {args.head_dim} is not supported by the triton attention backend "
+                f"({', '.join(map(str, TRITON_HEAD_DIMS))}); pass attention_backend='torch'"
+            )
 
         if self.max_num_batched_tokens is None:
             default = 8192 if self.resolved_device == "cuda" else 2048
@@ -220,17 +234,12 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
     def _resolve_device(self) -> str:
         if self.device != "auto":
-            if self.device == "cuda":
-                import torch
-
-                if not torch.cuda.is_available():
-                    raise ConfigError("device 'cuda' was asked for, but torch sees no CUDA GPU")
+            if self.device == "cuda" and not cuda_available():
+                raise ConfigError("device 'cuda' was asked for, but torch sees no CUDA GPU")
             return self.device
         if self.load_format == "fake":
             return "cpu"
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_available() else "cpu"
 
     def _resolve_dtype(self, hf: dict) -> str:
         if self.dtype != "auto":
@@ -268,6 +277,21 @@ def read_model_config(model: str) -> dict:
 
 def _model_max_len(hf: dict) -> int:
     return int(hf.get("max_position_embeddings") or 2048)
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA GPU: the one question device "auto" asks (torch is imported only here, as
+    the scheduler process never loads it; the test suite pins this to False outside its `gpu` tests)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cuda_device_count() -> int:
+    """How many CUDA GPUs this process may use (tensor parallelism takes one per rank)."""
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -1,8 +1,16 @@
 """Shared test fixtures and marker handling.
 
 `gpu` tests are skipped without CUDA; `slow` tests are deselected by default (pyproject's addopts).
-Tests that need ../shared (real tokenizers and configs) skip cleanly when it is absent. Without CUDA the
-Triton kernels run under Triton's interpreter, which must be chosen before any kernel module is imported.
+Tests that need ../shared (real tokenizers and configs) skip cleanly when it is absent.
+
+The default suite pins CPU semantics on any host, so it passes on a CPU machine and a GPU machine alike:
+- Without CUDA the Triton kernels run under Triton's interpreter, which must be chosen before any kernel
+  module is imported. With CUDA it cannot be (the `gpu` tests need compiled kernels in the same process),
+  so `interpreter` tests skip there; `CUDA_VISIBLE_DEVICES= pytest tests/kernels` runs them (tools.gpu_check
+  does).
+- With CUDA, every test but the `gpu` ones sees a CPU-only machine: device "auto" resolves to the CPU in
+  this process (engine.config.cuda_available is pinned) and in every child it spawns (CUDA_VISIBLE_DEVICES
+  is emptied after this process has counted its GPUs). The `gpu` tests get both back.
 """
 
 from __future__ import annotations
@@ -25,18 +33,56 @@ def _has_cuda() -> bool:
         return False
 
 
+def pin_cpu_semantics(environ, config_module) -> None:
+    """Make `environ`'s children and `config_module`'s device "auto" see no GPU."""
+    environ["CUDA_VISIBLE_DEVICES"] = ""
+    config_module.cuda_available = _no_cuda
+
+
+def _no_cuda() -> bool:
+    return False
+
+
+def skip_reason(keywords, has_cuda: bool) -> str | None:
+    """Why a test with these markers cannot run on this host, or None."""
+    if "gpu" in keywords and not has_cuda:
+        return "needs a CUDA GPU"
+    if "interpreter" in keywords and has_cuda:
+        return ("runs Triton's interpreter on CPU tensors, which a CUDA host's compiled kernels refuse; "
+                "run CUDA_VISIBLE_DEVICES= pytest tests/kernels")
+    return None
+
+
 HAS_CUDA = _has_cuda()
-if not HAS_CUDA:
+_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
+if HAS_CUDA:
+    import engine.config
+
+    _REAL_CUDA_AVAILABLE = engine.config.cuda_available
+    pin_cpu_semantics(os.environ, engine.config)
+else:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(autouse=True)
+def _gpu_tests_see_the_gpu(request, monkeypatch):
+    """Undo pin_cpu_semantics for the `gpu` tests (function scope: they build their engines themselves)."""
+    if HAS_CUDA and "gpu" in request.keywords:
+        import engine.config
+
+        monkeypatch.setattr(engine.config, "cuda_available", _REAL_CUDA_AVAILABLE)
+        if _VISIBLE_DEVICES is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", _VISIBLE_DEVICES)
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        reason = skip_reason(item.keywords, HAS_CUDA)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def shared_path(*parts: str) -> Path:

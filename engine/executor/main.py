@@ -109,8 +109,18 @@ def _call(runner, call: ExecutorCall) -> str:
     if call.method == "stop_profile":
         return runner.stop_profile()
     if call.method == "shutdown":
+        _leave_tensor_parallel_group()
         return "bye"
     raise ValueError(f"unknown executor call {call.method!r}")
+
+
+def _leave_tensor_parallel_group() -> None:
+    """Destroy the process group before exiting: an NCCL group left alive warns at exit and may hold the
+    process until the scheduler's kill timeout. Every rank receives the shutdown call, so all leave."""
+    if "engine.distributed" in sys.modules:             # imported only when tp > 1
+        from engine.distributed import destroy_tensor_parallel
+
+        destroy_tensor_parallel()
 
 
 if __name__ == "__main__":

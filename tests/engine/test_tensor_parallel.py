@@ -97,3 +97,20 @@ def test_tp2_over_gloo_matches_tp1(tiny_model, tmp_path):
         single = run_requests(load_model(EngineConfig(model=str(path)), device="cpu", progress=False))
         assert rank0.shape == single.shape
         np.testing.assert_allclose(rank0, single, rtol=1e-4, atol=1e-4)
+
+
+def test_executor_shutdown_leaves_the_process_group():
+    # review F7: an executor must destroy its group before exiting (an NCCL group left alive warns at exit
+    # and can hold the rank until the kill timeout); a one-rank gloo group stands in for NCCL here
+    import torch.distributed as dist
+
+    from engine.executor.main import _call
+    from engine.messages import ExecutorCall
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        assert _call(None, ExecutorCall(call_id=1, method="shutdown")) == "bye"
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -68,6 +68,7 @@ def triton_calls(monkeypatch) -> list[str]:
     return calls
 
 
+@pytest.mark.interpreter
 def test_elementwise_dispatchers_reach_triton(triton_calls):
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(3, 64, generator=gen)
@@ -86,6 +87,7 @@ def test_elementwise_dispatchers_reach_triton(triton_calls):
     assert triton_calls == ["rms_norm_triton", "silu_and_mul_triton", "rotary_embedding_triton"]
 
 
+@pytest.mark.interpreter
 def test_cache_and_attention_dispatchers_reach_triton(triton_calls):
     batch = make_paged_batch([1, 6], [20, 3], num_heads=2, num_kv_heads=1, head_dim=32)
     caches = batch.kv_cache

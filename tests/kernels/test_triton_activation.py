@@ -9,6 +9,8 @@ from kernels.activation import silu_and_mul_torch
 from kernels.triton_activation import silu_and_mul_triton
 from tests.kernels.tolerances import assert_close
 
+pytestmark = pytest.mark.interpreter      # CPU tensors under TRITON_INTERPRET (tests/conftest.py)
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(3, 2 * 48), (2, 2, 2 * 1100)])  # 1100 spans two column blocks of 1024

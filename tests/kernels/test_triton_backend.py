@@ -11,6 +11,8 @@ from engine.attention.triton_backend import TritonAttention
 from tests.kernels.paged_batch import PagedBatch, make_paged_batch
 from tests.kernels.tolerances import assert_close
 
+pytestmark = pytest.mark.interpreter      # CPU tensors under TRITON_INTERPRET (tests/conftest.py)
+
 
 def _metadata(batch: PagedBatch, query_lens: list[int]) -> AttentionMetadata:
     return AttentionMetadata(

@@ -8,6 +8,8 @@ import torch
 from kernels.kv_cache import write_kv_cache_torch
 from kernels.triton_kv_cache import write_kv_cache_triton
 
+pytestmark = pytest.mark.interpreter      # CPU tensors under TRITON_INTERPRET (tests/conftest.py)
+
 
 @pytest.mark.parametrize(
     "block_size,num_kv_heads,head_dim,src_dtype,cache_dtype",

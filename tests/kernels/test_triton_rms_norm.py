@@ -9,6 +9,8 @@ from kernels.rms_norm import rms_norm_torch
 from kernels.triton_rms_norm import rms_norm_triton
 from tests.kernels.tolerances import assert_close
 
+pytestmark = pytest.mark.interpreter      # CPU tensors under TRITON_INTERPRET (tests/conftest.py)
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 

@@ -9,6 +9,8 @@ from kernels.rotary import rope_cos_sin_cache, rotary_embedding_torch
 from kernels.triton_rotary import rotary_embedding_triton
 from tests.kernels.tolerances import assert_close
 
+pytestmark = pytest.mark.interpreter      # CPU tensors under TRITON_INTERPRET (tests/conftest.py)
+
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 64}
 
