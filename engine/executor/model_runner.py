@@ -235,14 +235,14 @@ class ModelRunner:
         return result
 
     def prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> list[RequestLogprobs]:
-        from engine.sample.logprobs import compute_prompt_logprobs
+        from engine.sample.logprobs import prompt_logprobs_from_hidden
 
         result = []
         for plan in inputs.prompt_logprobs:
             index = torch.from_numpy(plan.token_indices).to(hidden.device)
-            logits = self.model.compute_logits(hidden.index_select(0, index))
             targets = torch.from_numpy(plan.target_token_ids).to(hidden.device)
-            tensors = compute_prompt_logprobs(logits, targets, plan.num_logprobs)
+            tensors = prompt_logprobs_from_hidden(self.model.compute_logits, hidden, index, targets,
+                                                  plan.num_logprobs)
             result.append(RequestLogprobs(
                 req=plan.req,
                 logprobs=_logprobs_message(tensors.token_ids.cpu().numpy(), tensors.logprobs.cpu().numpy(),

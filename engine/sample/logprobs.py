@@ -7,6 +7,7 @@ Logprobs, which the model runner packs per request.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,9 @@ import torch
 from engine.sample.vocab_ops import Workspace, block_reduce, count_greater, logsumexp_rows, topk_rows
 
 PROMPT_LOGPROBS_CHUNK_ROWS = 64     # bounds the scratch of prompt logprobs to 64 x V floats
+# bounds the prompt logits computed at once (256 x 152k vocab: 156 MB fp32) where a whole 8k-token chunk
+# would take 7.5 GB that KV sizing never measured; 256 rows keep the LM-head GEMM efficient
+PROMPT_LOGITS_CHUNK_ROWS = 256
 
 
 @dataclass(slots=True)
@@ -76,6 +80,33 @@ def compute_prompt_logprobs(logits: torch.Tensor, target_token_ids: torch.Tensor
         compute_logprobs(logits[start : start + PROMPT_LOGPROBS_CHUNK_ROWS],
                          target_token_ids[start : start + PROMPT_LOGPROBS_CHUNK_ROWS], k, workspace=workspace)
         for start in range(0, max(n, 1), PROMPT_LOGPROBS_CHUNK_ROWS)   # one empty chunk when n == 0
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    return LogprobsTensors(
+        token_ids=torch.cat([p.token_ids for p in parts]),
+        logprobs=torch.cat([p.logprobs for p in parts]),
+        ranks=torch.cat([p.ranks for p in parts]),
+    )
+
+
+def prompt_logprobs_from_hidden(
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    row_index: torch.Tensor,
+    target_token_ids: torch.Tensor,
+    k: int,
+    chunk_rows: int = PROMPT_LOGITS_CHUNK_ROWS,
+) -> LogprobsTensors:
+    """compute_prompt_logprobs over the logits of hidden[row_index], which are computed (by the LM head,
+    compute_logits) chunk_rows at a time: memory stays bounded however long the prompt chunk."""
+    n = row_index.shape[0]
+    if target_token_ids.shape != (n,):
+        raise ValueError(f"target_token_ids must have shape ({n},), got {tuple(target_token_ids.shape)}")
+    parts = [
+        compute_prompt_logprobs(compute_logits(hidden.index_select(0, row_index[start : start + chunk_rows])),
+                                target_token_ids[start : start + chunk_rows], k)
+        for start in range(0, max(n, 1), chunk_rows)                 # one empty chunk when n == 0
     ]
     if len(parts) == 1:
         return parts[0]

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sample.logprobs import PROMPT_LOGPROBS_CHUNK_ROWS, compute_logprobs, compute_prompt_logprobs
+from engine.sample.logprobs import (
+    PROMPT_LOGITS_CHUNK_ROWS,
+    PROMPT_LOGPROBS_CHUNK_ROWS,
+    compute_logprobs,
+    compute_prompt_logprobs,
+    prompt_logprobs_from_hidden,
+)
 from engine.sample.sampler import Sampler
 from engine.sample.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
@@ -42,6 +48,29 @@ def test_prompt_logprobs_over_several_chunks():
     logits = torch.randn(n, VOCAB) * 3
     targets = torch.randint(0, VOCAB, (n,))
     _check(compute_prompt_logprobs(logits, targets, 3), logits, targets, 3)
+
+
+@pytest.mark.parametrize("n", [0, 1, PROMPT_LOGITS_CHUNK_ROWS, 3 * PROMPT_LOGITS_CHUNK_ROWS + 7])
+def test_prompt_logits_are_computed_in_bounded_chunks(n):
+    # review F3: an 8k-token prompt chunk at a 152k vocabulary must never hold all its logits at once
+    gen = torch.Generator().manual_seed(n)
+    hidden = torch.randn(n + 5, 16, generator=gen)
+    head = torch.randn(16, VOCAB, generator=gen) * 2
+    row_index = torch.randperm(n + 5, generator=gen)[:n]
+    targets = torch.randint(0, VOCAB, (n,), generator=gen)
+    rows_per_call = []
+
+    def compute_logits(rows: torch.Tensor) -> torch.Tensor:
+        rows_per_call.append(rows.shape[0])
+        return rows @ head
+
+    result = prompt_logprobs_from_hidden(compute_logits, hidden, row_index, targets, 2)
+    assert max(rows_per_call) <= PROMPT_LOGITS_CHUNK_ROWS
+    assert sum(rows_per_call) == n
+    unchunked = compute_prompt_logprobs(hidden[row_index] @ head, targets, 2)
+    assert torch.equal(result.token_ids, unchunked.token_ids) and torch.equal(result.ranks, unchunked.ranks)
+    torch.testing.assert_close(result.logprobs, unchunked.logprobs)
+    _check(result, hidden[row_index] @ head, targets, 2)
 
 
 def test_prompt_logprobs_of_a_one_token_prompt_is_empty():
