@@ -35,7 +35,9 @@ def _split_len(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     return tl.maximum(tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N), 1) * BLOCK_N
 
 
-@triton.jit
+# the block table's width changes from step to step in eager mode (a recompile per class of its value
+# otherwise: == 1, divisible by 16, other); the static CUDA-graph table has one width
+@triton.jit(do_not_specialize=["block_table_stride"])
 def _decode_split_kernel(
     partial_out_ptr, partial_lse_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
     seq_lens_ptr, block_tables_ptr,

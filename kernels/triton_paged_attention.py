@@ -29,7 +29,9 @@ from kernels.triton_attention_tiles import (
 )
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+# the batch size and the block table's width change from step to step; Triton would otherwise compile a
+# variant for each of their values' classes (== 1, divisible by 16, other) in the middle of serving
+@triton.jit(do_not_specialize=["num_seqs", "block_table_stride"])
 def _paged_attention_kernel(
     out_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,

@@ -76,9 +76,10 @@ def _cases():
         query, cache, starts, seq_lens, tables = paged(dtype, heads, kv_heads, head_dim, num_tokens, num_seqs)
         return lambda: paged_attention_triton(query, cache, cache, starts, seq_lens, tables, 0.1)
 
-    def decode(dtype, heads, kv_heads, head_dim, num_seqs):
+    def decode(dtype, heads, kv_heads, head_dim, num_seqs, num_splits=16):
         query, cache, _, seq_lens, tables = paged(dtype, heads, kv_heads, head_dim, num_seqs, num_seqs)
-        return lambda: paged_decode_attention_triton(query, cache, cache, seq_lens, tables, 0.1, num_splits=16)
+        return lambda: paged_decode_attention_triton(query, cache, cache, seq_lens, tables, 0.1,
+                                                     num_splits=num_splits)
 
     hidden = torch.empty(8, 4096, dtype=bf16)
     weight = torch.empty(4096, dtype=bf16)
@@ -105,6 +106,10 @@ def _cases():
         ("paged_decode_attention bf16 64/8x128", decode(bf16, 64, 8, 128, 64)),
         ("paged_decode_attention fp32 32/8x128", decode(torch.float32, 32, 8, 128, 64)),
         ("paged_decode_attention bf16 16/16x256", decode(bf16, 16, 16, 256, 64)),
+        ("paged_decode_attention bf16 32/8x128 1 split", decode(bf16, 32, 8, 128, 256, num_splits=1)),
+        ("paged_attention fp32 4/2x16 (demo model)", mixed(torch.float32, 4, 2, 16, 256, 4)),
+        ("paged_decode_attention fp32 4/2x16 (demo)", decode(torch.float32, 4, 2, 16, 8)),
+        ("paged_attention bf16 4/2x16 (tiny tests)", mixed(bf16, 4, 2, 16, 256, 4)),
     ]
 
 

@@ -138,6 +138,10 @@ class ModelRunner:
         shape = (2, num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)]
         self.num_blocks = num_blocks
+        if self.device.type == "cuda" and self.attention_backend.name == "triton":
+            from engine.executor.kernel_warmup import warm_up_attention_kernels
+
+            warm_up_attention_kernels(self)
         if self.device.type == "cuda" and not self.config.enforce_eager:
             from engine.executor.cuda_graphs import CudaGraphRunner
 
