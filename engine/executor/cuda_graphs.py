@@ -4,8 +4,8 @@ At startup the model's forward is captured for pure-decode batches at padded siz
 steps of 16 up to max_num_seqs), all reading static input buffers and sharing one memory pool. A decode
 step whose batch fits is padded up to the next captured size (padding tokens write to slot -1, which the
 KV write skips, and attend one position of the null block) and replayed; everything else runs eagerly.
-Inputs reach the static buffers through pinned host staging with non-blocking copies, so a step needs no
-device synchronisation beyond reading back the sampled tokens.
+Inputs reach the static buffers through pinned host staging (graph_staging.py) with non-blocking copies, so
+a step needs no device synchronisation beyond reading back the sampled tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.executor.graph_staging import GraphInputStaging
 from engine.executor.input_batch import StepInputs
 
 MAX_CAPTURE_SIZE = 512
@@ -42,12 +43,10 @@ class CudaGraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
-        # pinned host mirrors: filled with numpy, copied with one non-blocking copy each
-        self._host = {name: torch.zeros_like(t, device="cpu").pin_memory() for name, t in (
-            ("input_ids", self.input_ids), ("positions", self.positions),
-            ("slot_mapping", self.slot_mapping), ("seq_lens", self.seq_lens),
-            ("block_tables", self.block_tables))}
-        self._host_np = {name: t.numpy() for name, t in self._host.items()}
+        self.staging = GraphInputStaging(n, self.max_blocks, pin=True, make_event=torch.cuda.Event)
+        self._static = {"input_ids": self.input_ids, "positions": self.positions,
+                        "slot_mapping": self.slot_mapping, "seq_lens": self.seq_lens,
+                        "block_tables": self.block_tables}
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
@@ -80,21 +79,8 @@ class CudaGraphRunner:
     def run(self, inputs: StepInputs) -> torch.Tensor:
         n = inputs.num_reqs
         size = next(s for s in self.sizes if s >= n)
-        host = self._host_np
-        host["input_ids"][:n] = inputs.input_ids
-        host["input_ids"][n:size] = 0
-        host["positions"][:n] = inputs.positions
-        host["positions"][n:size] = 0
-        host["slot_mapping"][:n] = inputs.slot_mapping
-        host["slot_mapping"][n:size] = -1
-        host["seq_lens"][:n] = inputs.seq_lens
-        host["seq_lens"][n:size] = 1
-        width = inputs.block_tables.shape[1]
-        host["block_tables"][:n, :width] = inputs.block_tables
-        host["block_tables"][n:size, 0] = 0
-        for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
-            getattr(self, name)[:size].copy_(self._host[name][:size], non_blocking=True)
-        self.block_tables[:size, :width].copy_(self._host["block_tables"][:size, :width], non_blocking=True)
+        self.staging.fill(inputs, size)
+        self.staging.copy_to(self._static, size)
         graph, output = self.graphs[size]
         graph.replay()
         return output[:n]

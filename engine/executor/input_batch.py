@@ -33,7 +33,9 @@ class StepInputs:
     slot_mapping: np.ndarray         # int64 [T]
     query_start_loc: np.ndarray      # int32 [R + 1]
     seq_lens: np.ndarray             # int32 [R]
-    block_tables: np.ndarray         # int32 [R, max_blocks_this_step]
+    rows: np.ndarray                 # int64 [R]: each request's row of the persistent batch
+    block_table: np.ndarray          # int32 [max_reqs, max_blocks]: the persistent table itself (not a copy)
+    block_size: int
     max_query_len: int
     max_seq_len: int
     logits_indices: np.ndarray       # int64 [S]: the token whose logits each sampling request needs
@@ -48,6 +50,12 @@ class StepInputs:
     @property
     def num_reqs(self) -> int:
         return len(self.seq_lens)
+
+    @property
+    def block_tables(self) -> np.ndarray:
+        """int32 [R, ceil(max_seq_len / block_size)]: the step's rows of the table, gathered (a copy) for
+        the eager path; the CUDA-graph path gathers rows straight into its pinned staging instead."""
+        return self.block_table[self.rows, : -(-self.max_seq_len // self.block_size)]
 
 
 class InputBatch:
@@ -139,7 +147,6 @@ class InputBatch:
         input_ids = self.token_ids[token_rows, positions].astype(np.int64)
         slot_mapping = self.block_table[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
         max_seq_len = int(seq_lens.max())
-        block_tables = self.block_table[rows, : -(-max_seq_len // bs)]
         query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
         query_start_loc[1:] = cu_tokens
         samples = seq_lens >= self.num_tokens[rows]
@@ -151,7 +158,9 @@ class InputBatch:
             slot_mapping=slot_mapping,
             query_start_loc=query_start_loc,
             seq_lens=seq_lens.astype(np.int32),
-            block_tables=block_tables,
+            rows=rows,
+            block_table=self.block_table,
+            block_size=bs,
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
             logits_indices=cu_tokens[samples] - 1,
