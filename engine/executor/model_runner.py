@@ -95,23 +95,58 @@ class ModelRunner:
         return int(min(budget_blocks, config.max_num_seqs * blocks_per_seq + 1))
 
     def _profile_gpu_blocks(self) -> int:
-        """Run one forward at max_num_batched_tokens without a KV cache, then size the cache from what is
-        left of gpu_memory_utilization × total after weights and peak activations."""
+        """Size the cache from what is left of gpu_memory_utilization x total after the weights, the peak
+        of a forward at max_num_batched_tokens (logits for at least a prompt-logprobs chunk of rows), the
+        sampler's worst case at max_num_seqs rows (its [rows, V] workspaces stay allocated), and an
+        estimate of the CUDA-graph pool (review F8)."""
+        from engine.sample.logprobs import PROMPT_LOGITS_CHUNK_ROWS
+
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         tokens = self.config.max_num_batched_tokens
         seqs = min(self.config.max_num_seqs, tokens)
-        self._dummy_forward(tokens, seqs)
+        self._dummy_forward(tokens, seqs, logits_rows=min(tokens, max(seqs, PROMPT_LOGITS_CHUNK_ROWS)))
+        self._dummy_sample(self.config.max_num_seqs)
         torch.cuda.synchronize(self.device)
         free, total = torch.cuda.mem_get_info(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
-        budget = total * self.config.gpu_memory_utilization - peak - max(non_torch, 0)
+        graph_pool = 0 if self.config.enforce_eager else self._graph_pool_estimate()
+        budget = total * self.config.gpu_memory_utilization - peak - max(non_torch, 0) - graph_pool
         torch.cuda.empty_cache()
         return max(int(budget // self.bytes_per_block), 0)
 
-    def _dummy_forward(self, num_tokens: int, num_seqs: int) -> None:
-        """A prefill-shaped forward whose KV writes all go to padding slots (-1), for memory profiling."""
+    def _graph_pool_estimate(self) -> int:
+        """The graphs share one private pool that holds the largest captured size's activations for the
+        engine's life, beside the eager activations measured above: measured as one such forward's peak."""
+        from engine.executor.cuda_graphs import capture_sizes
+
+        size = capture_sizes(self.config.max_num_seqs)[-1]
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self._dummy_forward(size, size, logits_rows=0)
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - before
+
+    def _dummy_sample(self, num_rows: int) -> None:
+        """The sampler's costliest path on num_rows rows of flat logits (top-p over the whole vocabulary by
+        rejection, penalties, 20 logprobs), on a throw-away SamplingBatch so the real one's random stream
+        is untouched; the sampler keeps the workspaces it grew."""
+        from engine.sample.sampling_batch import SamplingBatch
+        from engine.sampling_params import SamplingParams
+
+        vocab = self.config.vocab_size
+        batch = SamplingBatch(num_rows, vocab, self.device, 0)
+        params = SamplingParams(temperature=1.0, top_p=0.9, logprobs=min(20, vocab), presence_penalty=0.5,
+                                repetition_penalty=1.1).resolved()
+        for row in range(num_rows):
+            batch.add_request(row, params, [0], [1], [])
+        with torch.inference_mode():
+            self.sampler(torch.zeros(num_rows, vocab, device=self.device), batch.metadata(np.arange(num_rows)))
+
+    def _dummy_forward(self, num_tokens: int, num_seqs: int, logits_rows: int | None = None) -> None:
+        """A prefill-shaped forward whose KV writes all go to padding slots (-1), for memory profiling and
+        kernel warm-up; then logits for each sequence's last token, or for the first logits_rows tokens."""
         m = self.model
         dummy_cache = [torch.zeros(2, 1, self.block_size, m.num_kv_heads, m.head_dim, dtype=self.dtype,
                                    device=self.device) for _ in range(m.num_layers)]
@@ -131,7 +166,10 @@ class ModelRunner:
         ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
         with torch.inference_mode():
             hidden = m(ids, ids, dummy_cache, metadata)
-            m.compute_logits(hidden[qsl[1:].to(self.device) - 1])
+            if logits_rows is None:
+                m.compute_logits(hidden[qsl[1:].to(self.device) - 1])
+            elif logits_rows:
+                m.compute_logits(hidden[:logits_rows])
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         m = self.model
