@@ -27,6 +27,7 @@ from engine.messages import (
     SchedulerOutput,
     unpack,
 )
+from engine.sample.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +252,7 @@ class ModelRunner:
     def sample(self, hidden: torch.Tensor, inputs: StepInputs) -> tuple[np.ndarray, list[RequestLogprobs]]:
         if not len(inputs.sample_rows):
             return np.zeros(0, dtype=np.int32), []
-        index = torch.from_numpy(inputs.logits_indices).to(hidden.device)
+        index = to_device(inputs.logits_indices, hidden.device)       # no sync behind the replayed graph
         logits = self.model.compute_logits(hidden.index_select(0, index))
         metadata = self.sampling.metadata(inputs.sample_rows)
         out = self.sampler(logits, metadata)
@@ -281,8 +282,8 @@ class ModelRunner:
 
         result = []
         for plan in inputs.prompt_logprobs:
-            index = torch.from_numpy(plan.token_indices).to(hidden.device)
-            targets = torch.from_numpy(plan.target_token_ids).to(hidden.device)
+            index = to_device(plan.token_indices, hidden.device)
+            targets = to_device(plan.target_token_ids, hidden.device)
             tensors = prompt_logprobs_from_hidden(self.model.compute_logits, hidden, index, targets,
                                                   plan.num_logprobs)
             result.append(RequestLogprobs(

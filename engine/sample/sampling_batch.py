@@ -19,6 +19,7 @@ import torch
 
 from engine.sample.metadata import PenaltyTensors, RowRandomness, SamplingGroup, SamplingMetadata
 from engine.sample.token_occurrences import TokenOccurrences
+from engine.sample.transfer import to_device
 from engine.sampling_params import SAMPLING_EPS, SamplingParams
 
 
@@ -269,7 +270,7 @@ class SamplingBatch:
         )
 
     def _tensor(self, values: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(values)).to(self.device)
+        return to_device(values, self.device)
 
     def _token_array(self, name: str, token_ids: Sequence[int]) -> np.ndarray:
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
