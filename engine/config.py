@@ -53,6 +53,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     dtype: str = "auto"
     max_model_len: int | None = None
     load_format: str = "auto"                # auto | safetensors | dummy | fake (zero-cost fake model)
+    fake_step_us: int = 0                    # load_format fake: each forward sleeps this long, as a CPU
+                                             # waiting for a GPU step would (engine-overhead benchmarks)
     seed: int = 0
     # --- device and parallelism
     device: str = "auto"
@@ -72,6 +74,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     scheduling_policy: str = "fcfs"
     long_prefill_token_threshold: int = 0    # most tokens one request's prefill takes in a step; 0: no cap
     max_logprobs: int = 20
+    async_scheduling: bool = False           # schedule step N+1 while step N runs (vLLM's --async-scheduling)
     # --- processes and rings
     in_process: bool = False                 # scheduler and one executor in the caller (debugging, unit tests)
     ring_bytes: int = DEFAULT_RING_BYTES     # the broadcast ring; the others are sized from it; grows

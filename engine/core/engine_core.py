@@ -3,12 +3,17 @@
 A step drains nothing itself: the scheduler process (`engine.core.main`) feeds it the frontend's messages
 (`handle`), then calls `step()`: schedule, execute on the executors, update the requests from the result,
 and return the batch of outputs for the frontend.
+
+With config.async_scheduling the executors get step N+1 before step N's result is read: the scheduler's
+work (update, schedule, encoding) then overlaps the executors' step instead of leaving them idle. Each
+step() submits one step and applies the result of the one before; the outputs lag one step.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 
 from engine.config import EngineConfig
 from engine.core.scheduler import Scheduler
@@ -35,6 +40,8 @@ class EngineCore:
         self.scheduler = Scheduler(config, executor.num_blocks)
         self.step_count = 0
         self._rejected: list[int] = []
+        self._in_flight: deque = deque()           # async: submitted steps whose results are not applied
+        self._stashed: deque = deque()             # async: outputs of steps drained before a control call
 
     def handle(self, msg) -> ControlReply | None:
         """Apply one message from the frontend; control calls return their reply."""
@@ -55,8 +62,10 @@ class EngineCore:
             if call.method == "reset_prefix_cache":
                 result = str(self.scheduler.reset_prefix_cache())
             elif call.method in ("start_profile", "stop_profile"):
+                self._drain()
                 result = self.executor.call(call.method, **call.args)
             elif call.method == "shutdown":
+                self._drain()
                 result = "bye"
             else:
                 raise ValueError(f"unknown control call {call.method!r}")
@@ -67,7 +76,7 @@ class EngineCore:
     @property
     def has_work(self) -> bool:
         s = self.scheduler
-        return s.has_unfinished_requests() or s.has_pending_outputs()
+        return s.has_unfinished_requests() or s.has_pending_outputs() or bool(self._in_flight or self._stashed)
 
     def take_rejected(self) -> EngineOutputs | None:
         """Requests the scheduler refused, reported as aborted so that nobody waits for them."""
@@ -82,12 +91,41 @@ class EngineCore:
         )
 
     def step(self) -> EngineOutputs | None:
+        if self.config.async_scheduling:
+            return self._step_async()
         so = self.scheduler.schedule()
         self.step_count += 1
         result = None
         if so.total_num_scheduled_tokens or len(so.finished_reqs) or so.new_reqs:
             result = self.executor.execute(so)
-        outputs = self.scheduler.update_from_output(so, result)
-        if len(outputs.reqs) or len(outputs.finished_reqs) or outputs.first_scheduled or outputs.prompt_logprobs:
-            return outputs
-        return None
+        return _news(self.scheduler.update_from_output(so, result))
+
+    def _step_async(self) -> EngineOutputs | None:
+        if self._stashed:
+            return self._stashed.popleft()
+        so = self.scheduler.schedule()
+        self.step_count += 1
+        if so.total_num_scheduled_tokens or len(so.finished_reqs) or so.new_reqs:
+            self.executor.submit(so)
+            self._in_flight.append(so)
+            if len(self._in_flight) < 2:
+                return None             # the pipeline fills: this step's result is applied next time
+        elif not self._in_flight:
+            return _news(self.scheduler.update_from_output(so, None))    # nothing ran: aborts only
+        older = self._in_flight.popleft()
+        return _news(self.scheduler.update_from_output(older, self.executor.collect(older)))
+
+    def _drain(self) -> None:
+        """Apply every submitted step's result (outputs kept for the next step() calls), so the executors'
+        result ring holds nothing before a control call reads its reply from it."""
+        while self._in_flight:
+            older = self._in_flight.popleft()
+            outputs = _news(self.scheduler.update_from_output(older, self.executor.collect(older)))
+            if outputs is not None:
+                self._stashed.append(outputs)
+
+
+def _news(outputs: EngineOutputs) -> EngineOutputs | None:
+    if len(outputs.reqs) or len(outputs.finished_reqs) or outputs.first_scheduled or outputs.prompt_logprobs:
+        return outputs
+    return None

@@ -48,7 +48,7 @@ class Request:
         "num_computed_tokens", "status", "stop_reason", "arrival_time", "priority", "cache_salt",
         "stop_token_set", "min_tokens", "max_num_tokens", "skip_prefix_cache", "wire_bytes",
         "blocks", "block_hashes", "num_cached_blocks", "num_cached_tokens", "num_preemptions",
-        "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts",
+        "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "num_in_flight",
     )
 
     def __init__(
@@ -79,6 +79,8 @@ class Request:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Samples scheduled but not yet applied: 0 or 1 between steps, up to 2 under async scheduling.
+        self.num_in_flight = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | None = None
         now = time.monotonic()

@@ -99,7 +99,11 @@ class Scheduler:
         self._finish_reasons: list[int] = []
         self._stop_reasons: list[int | None] = []
         self._first_scheduled: list[tuple[int, int, float]] = []
-        self._num_expected_samples = 0
+        self._expected_samples: dict[int, int] = {}     # step -> requests it brings to a sample
+        # Async scheduling: schedule() may run while the previous step is still executing. A request whose
+        # sample is in flight is scheduled as if that token were known (the executors append it
+        # themselves); one whose remaining tokens are all in flight waits.
+        self.async_scheduling = config.async_scheduling
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, msg: AddRequest) -> None:
@@ -182,6 +186,7 @@ class Scheduler:
         computed: list[int] = []
         new_block_ids: list[tuple[int, bytes]] = []
         num_samples = 0
+        sampling: set[int] = set()      # running requests this step brings to a sample
         preempted = False
 
         add_handle, add_count, add_computed = handles.append, counts.append, computed.append
@@ -191,6 +196,11 @@ class Scheduler:
             request = running[i]
             num_computed = request.num_computed_tokens
             num_tokens = len(request.all_token_ids)
+            if self.async_scheduling and request.num_in_flight:
+                num_tokens += request.num_in_flight
+                if num_tokens >= request.max_num_tokens:
+                    i += 1          # its last token is in flight: it finishes when that arrives
+                    continue
             n = num_tokens - num_computed
             if n > budget:
                 n = budget
@@ -201,7 +211,7 @@ class Scheduler:
                 new_blocks = allocate_slots(request, n)
                 if new_blocks is None:
                     new_blocks, i, lost_samples = self._preempt_for(request, n, i, handles, counts,
-                                                                    computed, new_block_ids)
+                                                                    computed, new_block_ids, sampling)
                     budget = self.max_num_batched_tokens - sum(counts)
                     num_samples -= lost_samples
                     preempted = True
@@ -215,6 +225,8 @@ class Scheduler:
             request.num_computed_tokens = num_computed + n
             if num_computed + n == num_tokens:
                 num_samples += 1
+                request.num_in_flight += 1
+                sampling.add(request.req)
             budget -= n
             i += 1
 
@@ -225,7 +237,8 @@ class Scheduler:
                                                          new_reqs)
 
         total = self.max_num_batched_tokens - budget
-        self._num_expected_samples = num_samples
+        if num_samples:
+            self._expected_samples[self.step] = num_samples
         # Drops ride on a step that reaches the executors; an empty step is skipped by the engine loop.
         dropped = b""
         if total and self._dropped_reqs:
@@ -257,6 +270,8 @@ class Scheduler:
         room = self.max_new_request_bytes
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             request = waiting.peek()
+            if request.num_in_flight:
+                break       # preempted while its last step ran: back once that step's sample is applied
             if request.wire_bytes > room and new_reqs:
                 break       # the broadcast ring's share is spent: the rest go with the next steps
             room -= request.wire_bytes
@@ -279,6 +294,7 @@ class Scheduler:
             request.num_computed_tokens = num_hit_tokens + n
             if num_hit_tokens + n == num_tokens:
                 num_samples += 1
+                request.num_in_flight += 1
             budget -= n
         return budget, num_samples
 
@@ -291,6 +307,7 @@ class Scheduler:
         counts: list[int],
         computed: list[int],
         new_block_ids: list[tuple[int, bytes]],
+        sampling: set[int],
     ) -> tuple[Sequence[KVCacheBlock] | None, int, int]:
         """Preempt running requests, lowest priority first, until `request` (running[index]) gets its
         blocks or is itself the one preempted. A victim this step already scheduled leaves the batch.
@@ -305,7 +322,10 @@ class Scheduler:
             if victim.req in handles:
                 at = handles.index(victim.req)
                 victim.num_computed_tokens = computed[at]
-                lost_samples += computed[at] + counts[at] == len(victim.all_token_ids)
+                if victim.req in sampling:
+                    sampling.discard(victim.req)
+                    lost_samples += 1
+                    victim.num_in_flight -= 1
                 for column in (handles, counts, computed):
                     del column[at]
                 new_block_ids[:] = [entry for entry in new_block_ids if entry[0] != victim.req]
@@ -333,6 +353,8 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Free a running request's blocks and queue it for recompute, keeping its tokens."""
         self.running.remove(request)
+        # async: a step in flight may have computed past the known tokens, which have no block hash yet
+        request.num_computed_tokens = min(request.num_computed_tokens, len(request.all_token_ids))
         self.kv_cache_manager.free(request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
@@ -358,7 +380,7 @@ class Scheduler:
             if runner_output.step != scheduler_output.step:
                 raise RuntimeError(f"runner output of step {runner_output.step} given for step "
                                    f"{scheduler_output.step}")
-            gone = self._apply_samples(unpack(out_reqs, HANDLE).tolist(),
+            gone = self._apply_samples(scheduler_output.step, unpack(out_reqs, HANDLE).tolist(),
                                        unpack(out_tokens, TOKEN).tolist(), now)
             if gone:
                 # Requests aborted while their step ran: their tokens are not news any more.
@@ -386,12 +408,13 @@ class Scheduler:
         self._first_scheduled = []
         return outputs
 
-    def _apply_samples(self, handles: list[int], tokens: list[int], now: float) -> set[int]:
+    def _apply_samples(self, step: int, handles: list[int], tokens: list[int], now: float) -> set[int]:
         """Append each sampled token and run the stop checks; return the handles no longer known."""
-        if len(handles) != self._num_expected_samples:
+        expected = self._expected_samples.pop(step, 0)
+        if len(handles) != expected:
             raise RuntimeError(
-                f"the runner sampled {len(handles)} tokens, but step {self.step} brought "
-                f"{self._num_expected_samples} requests to the end of their known tokens"
+                f"the runner sampled {len(handles)} tokens, but step {step} brought "
+                f"{expected} requests to the end of their known tokens"
             )
         requests = self.requests
         block_size = self.block_size
@@ -404,11 +427,14 @@ class Scheduler:
             if request is None:
                 gone.add(handle)
                 continue
+            request.num_in_flight -= 1
             if request.first_token_ts is None:
                 request.first_token_ts = now
             request.last_token_ts = now
             finished = request.append_token(token)
             if finished is not None:
+                if request.status is PREEMPTED:       # async: preempted while its last step ran
+                    self.waiting.remove(request)
                 self._finish(request, finished)
                 any_finished = True
             elif caching:
@@ -427,6 +453,9 @@ class Scheduler:
         if request.status is RUNNING:
             self._dropped_reqs.append(request.req)
         request.status = status
+        # as after a serial step, the last token's keys and values count as not computed (under async
+        # scheduling a step in flight may be computing them, or past the known tokens)
+        request.num_computed_tokens = min(request.num_computed_tokens, len(request.all_token_ids) - 1)
         self.kv_cache_manager.free(request)
         del self.requests[request.req]
         self._finished_reqs.append(request.req)

@@ -7,6 +7,8 @@ engine itself costs.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from engine.config import EngineConfig
@@ -41,6 +43,8 @@ class FakeModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return None
         inputs = batch.prepare(so)
+        if self.config.fake_step_us:
+            time.sleep(self.config.fake_step_us / 1e6)
         last = inputs.input_ids[inputs.logits_indices]
         sampled = ((last * 7 + 13) % self.config.vocab_size).astype(np.int32)
         batch.append_sampled(inputs.sample_rows, sampled)

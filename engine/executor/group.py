@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -48,6 +49,12 @@ class Executor(Protocol):
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         """Run one step; None when the step schedules no tokens."""
 
+    def submit(self, so: SchedulerOutput) -> None:
+        """Start one step without waiting for it (async scheduling); collect(so) returns its result."""
+
+    def collect(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        """The result of the oldest submitted step, which must be `so`."""
+
     def call(self, method: str, **args) -> str:
         """A control call on every rank (start_profile, stop_profile, ...); rank 0's reply."""
 
@@ -77,6 +84,7 @@ class LocalExecutor:
         self.runner.load()
         self.num_blocks = self.runner.available_blocks()
         self.runner.initialize_kv_cache(self.num_blocks)
+        self._results: deque[ModelRunnerOutput | None] = deque()
 
     @property
     def pids(self) -> dict[str, int]:
@@ -84,6 +92,12 @@ class LocalExecutor:
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         return self.runner.execute(so)
+
+    def submit(self, so: SchedulerOutput) -> None:
+        self._results.append(self.runner.execute(so))      # one process: nothing to overlap with
+
+    def collect(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        return self._results.popleft()
 
     def call(self, method: str, **args) -> str:
         if method == "start_profile":
@@ -189,7 +203,13 @@ class ExecutorGroup:
         return msg
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        self.submit(so)
+        return self.collect(so)
+
+    def submit(self, so: SchedulerOutput) -> None:
         self.broadcast.write(self._out_codec.encode(so))
+
+    def collect(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         if so.total_num_scheduled_tokens == 0:
             return None
         start = time.perf_counter()

@@ -65,6 +65,8 @@ ENGINE_OPTIONS = [
                       "share steps with other requests."),
     click.option("--max-logprobs", type=click.IntRange(min=0), default=20,
                  help="Most logprobs a request may ask for per token."),
+    click.option("--async-scheduling", is_flag=True,
+                 help="Schedule the next step while the current one runs (hides the scheduler's time)."),
 ]
 
 
@@ -87,5 +89,6 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         gpu_memory_utilization=options["gpu_memory_utilization"], kv_cache_memory=options["kv_cache_memory"],
         max_num_seqs=options["max_num_seqs"], max_num_batched_tokens=options["max_num_batched_tokens"],
         scheduling_policy=options["scheduling_policy"], max_logprobs=options["max_logprobs"],
-        long_prefill_token_threshold=options["long_prefill_token_threshold"], **extra,
+        long_prefill_token_threshold=options["long_prefill_token_threshold"],
+        async_scheduling=options["async_scheduling"], **extra,
     )

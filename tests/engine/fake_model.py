@@ -210,11 +210,38 @@ class RunResult:
         self.steps = 0
 
 
+class _Pipeline:
+    """EngineCore._step_async over the fake runner: at most one step in flight beyond the one applied."""
+
+    def __init__(self, scheduler: Scheduler, runner: FakeModelRunner) -> None:
+        self.scheduler, self.runner = scheduler, runner
+        self.in_flight: list[tuple[SchedulerOutput, ModelRunnerOutput | None]] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.in_flight)
+
+    def step(self) -> tuple[SchedulerOutput | None, EngineOutputs | None]:
+        so = self.scheduler.schedule()
+        if so.total_num_scheduled_tokens:
+            self.in_flight.append((so, self.runner.execute_model(so)))
+            if len(self.in_flight) < 2:
+                return None, None
+        elif not self.in_flight:
+            return so, self.scheduler.update_from_output(so, None)
+        older, result = self.in_flight.pop(0)
+        return older, self.scheduler.update_from_output(older, result)
+
+
 def run_engine_loop(scheduler: Scheduler, runner: FakeModelRunner, max_steps: int = 10_000,
                     arrivals: dict[int, list] | None = None, aborts: dict[int, list[int]] | None = None,
-                    on_step=None) -> RunResult:
+                    on_step=None, pipelined: bool = False) -> RunResult:
     """Drive the scheduler as the engine loop does: add/abort, schedule, execute, update; collect the
-    tokens each request streamed. `arrivals` / `aborts` map a step number to AddRequests / handles."""
+    tokens each request streamed. `arrivals` / `aborts` map a step number to AddRequests / handles.
+
+    pipelined: as EngineCore does under async scheduling, each step is scheduled before the previous
+    step's result is applied (the executor runs steps in order, so executing at submit time is exact)."""
+    pipeline = _Pipeline(scheduler, runner) if pipelined else None
     arrivals = arrivals or {}
     aborts = aborts or {}
     last_event = max([*arrivals, *aborts], default=0)
@@ -225,11 +252,14 @@ def run_engine_loop(scheduler: Scheduler, runner: FakeModelRunner, max_steps: in
             result.tokens[msg.req] = []
         if step_index in aborts:
             scheduler.abort_requests(aborts[step_index])
-        busy = scheduler.has_unfinished_requests() or scheduler.has_pending_outputs()
+        busy = scheduler.has_unfinished_requests() or scheduler.has_pending_outputs() \
+            or (pipeline is not None and pipeline.busy)
         if step_index > last_event and not busy:
             result.steps = step_index
             return result
-        so, out = step(scheduler, runner)
+        so, out = step(scheduler, runner) if pipeline is None else pipeline.step()
+        if out is None:
+            continue
         for handle, token in new_tokens(out).items():
             result.tokens.setdefault(handle, []).append(token)
         for handle, (reason, stop) in finished(out).items():

@@ -160,3 +160,19 @@ def test_prompt_logprobs_across_prefill_chunks_match_transformers(tiny_model):
         assert abs(entry[prompt[position]] - row[prompt[position]].item()) < 1e-4
         for t in torch.topk(row, 2).indices.tolist():
             assert abs(entry[t] - row[t].item()) < 1e-4
+
+
+def test_async_scheduling_matches_transformers(tiny_model):
+    """Each step scheduled while the previous one runs (the executor appends the token the scheduler has
+    not seen yet): chunked prefill, stops at max_tokens of every length, and prefix hits stay exact."""
+    path = _model(tiny_model, "Qwen3ForCausalLM")
+    prompts = _prompts(9, lengths=(1, 17, 60, 129, 200))
+    max_tokens = [1, 2, 5, 17, MAX_TOKENS]
+    reference = hf_greedy(path, prompts)
+    with LLM(str(path), skip_tokenizer_init=True, max_model_len=MAX_LEN, max_num_batched_tokens=64,
+             max_num_seqs=8, async_scheduling=True) as llm:
+        for _ in range(2):                                   # the second round hits the prefix cache
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                   [greedy(max_tokens=m) for m in max_tokens], use_tqdm=False)
+            assert [o.outputs[0].token_ids for o in outputs] == [t[:m] for (t, _), m in zip(reference, max_tokens)]
+    assert any(o.num_cached_tokens for o in outputs)

@@ -9,6 +9,7 @@ finish reason) it produces in a pool so large that nothing is ever preempted.
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -64,7 +65,9 @@ def workloads(draw):
     return config, num_blocks, requests, aborts
 
 
-def run(config: EngineConfig, num_blocks: int, requests, aborts, check: bool):
+def run(config: EngineConfig, num_blocks: int, requests, aborts, check: bool, pipelined: bool = False):
+    if pipelined:
+        config = msgspec.structs.replace(config, async_scheduling=True)
     scheduler = Scheduler(config, num_blocks)
     runner = FakeModelRunner(num_blocks, config.block_size, vocab_size=32)
     arrivals: dict[int, list[AddRequest]] = {}
@@ -80,15 +83,27 @@ def run(config: EngineConfig, num_blocks: int, requests, aborts, check: bool):
         check_block_accounting(scheduler)
 
     result = run_engine_loop(scheduler, runner, max_steps=5000, arrivals=arrivals, aborts=aborts,
-                             on_step=check_step if check else None)
+                             on_step=check_step if check else None, pipelined=pipelined)
     return scheduler, result
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_keep_the_invariants_and_the_tokens(workload):
+    _check_workload(workload, pipelined=False)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_async_scheduling_keeps_the_invariants_and_the_tokens(workload):
+    """Each step scheduled while the previous one runs (its samples unknown): same invariants, and every
+    request that was not aborted produces the tokens of the serial, never-preempted reference."""
+    _check_workload(workload, pipelined=True)
+
+
+def _check_workload(workload, pipelined: bool) -> None:
     config, num_blocks, requests, aborts = workload
-    scheduler, result = run(config, num_blocks, requests, aborts, check=True)
+    scheduler, result = run(config, num_blocks, requests, aborts, check=True, pipelined=pipelined)
 
     handles = {msg.req for _, msg in requests}
     event("preempted" if scheduler.num_preemptions else "no preemption")
