@@ -10,6 +10,12 @@ Each step's `SchedulerOutput` is a diff for the executors (a request's prompt an
 then only appended blocks and counts); `update_from_output` takes the runner's sampled tokens, applies the
 stop checks and returns the step's `EngineOutputs`. Per-step work is O(scheduled requests + changes):
 no token list is re-read, re-hashed or re-encoded.
+
+Async scheduling (config.async_scheduling): schedule() may run before the previous step's samples are
+applied. A request's samples in flight (num_in_flight) count as known tokens when it is scheduled (the
+executors append the tokens they sample themselves), and a request whose remaining tokens are all in flight
+waits. A request that stops on a token it sampled may already be scheduled once more: that step's sample
+for it is dropped like an aborted request's.
 """
 
 from __future__ import annotations
