@@ -89,8 +89,10 @@ def test_markers_decide_where_a_test_runs():
     assert conftest.skip_reason(set(), has_cuda=True) is None
 
 
-# modules that name Triton kernels but never hand them CPU tensors in this process
-COMPILE_ONLY = {"kernels/test_sm90_compile.py", "test_layers.py", "engine/test_config_devices.py"}
+# modules that name Triton kernels but never hand them CPU tensors in this process: compile-only
+# subprocesses, shape functions only, or this check itself
+COMPILE_ONLY = {"kernels/test_sm90_compile.py", "kernels/test_triton_specialisation.py", "test_layers.py",
+                "engine/executor/test_kernel_warmup.py", "engine/test_config_devices.py"}
 
 
 def test_every_test_module_that_runs_triton_on_cpu_tensors_is_marked():
