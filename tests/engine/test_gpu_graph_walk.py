@@ -133,7 +133,8 @@ def test_sampling_on_the_gpu_stays_in_the_nucleus_and_follows_the_seed(tiny_mode
     drawn = [o.outputs[0].token_ids[0] for o in first]
     assert set(drawn) <= nucleus
     assert drawn == [o.outputs[0].token_ids[0] for o in again]        # a seed fixes the draw
-    if len(nucleus) > 1:
+    kept = ordered[: len(nucleus)]
+    if len(nucleus) > 1 and kept[1] / kept.sum() > 0.1:            # all 64 alike: below 0.9**64 = 0.1 %
         assert len(set(drawn)) > 1                                    # and different seeds draw differently
     (hf_tokens, hf_rows), = hf_greedy(path, [prompt], max_tokens=4)
     for out in top1:
