@@ -52,7 +52,7 @@ def steps(with_interpreter: bool) -> list[Step]:
     qwen06, llama8 = CONFIGS / "qwen3-0.6b", CONFIGS / "llama-3.1-8b"
     qwen_tok = TOKENIZERS / "qwen3"
     listed = [
-        Step("gpu-tests", [PY, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "gpu", "tests"], 240, "pytest"),
+        Step("gpu-tests", [PY, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "gpu", "tests"], 300, "pytest"),
         Step("serve-demo", [PY, "-m", "tools.serve_smoke", "--max-model-len", "1024"], 120),
         Step("serve-qwen3-0.6b", [PY, "-m", "tools.serve_smoke", "--model", str(qwen06), "--load-format", "dummy",
                                   "--tokenizer", str(qwen_tok), "--max-model-len", "4096"], 150,

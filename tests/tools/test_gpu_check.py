@@ -64,9 +64,8 @@ def test_summary_names_every_step_and_its_figures():
     assert "sizes 2/2, 5 tokens, 0 divergent requests" in text
 
 
-def test_every_step_fits_the_ten_minute_budget_and_names_an_existing_module():
-    listed = steps(with_interpreter=False)
-    assert sum(s.timeout_s for s in listed) <= 1200               # steps end early; the budget skips the rest
+def test_every_step_names_an_existing_module():
+    listed = steps(with_interpreter=True)
     for step in listed:
         module = step.argv[2]
         assert module == "pytest" or (REPO / (module.replace(".", "/") + ".py")).exists(), module
