@@ -21,6 +21,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy", "fake")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+DATA_PARALLEL_ROUTINGS = ("prefix", "load", "round_robin")
+KV_EVENT_PUBLISHERS = ("null", "zmq")
 
 GiB = 1 << 30
 DEFAULT_RING_BYTES = 16 << 20
@@ -44,6 +46,28 @@ def parse_size(text: str | int) -> int:
     return int(float(number) * scale)
 
 
+class KVEventsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's --kv-events-config: publish the KV cache's block stored/removed/cleared events over ZMQ.
+
+    Field names and meanings are vLLM's. One difference: ringserve always binds `endpoint` (vLLM binds
+    only wildcard, ipc and inproc addresses and connects otherwise), and the default is loopback, not
+    all interfaces. With data parallelism, rank r publishes on the endpoint's port + r (as vLLM does).
+    """
+
+    enable_kv_cache_events: bool = False
+    publisher: str = "zmq"                   # zmq | null
+    endpoint: str = "tcp://127.0.0.1:5557"   # ZMQ PUB: (topic, seq, msgpack KVEventBatch) per step
+    replay_endpoint: str | None = None       # ZMQ ROUTER: 8-byte start seq in, buffered batches out
+    buffer_steps: int = 10_000               # batches kept for replay
+    hwm: int = 100_000                       # the PUB socket's high-water mark
+    max_queue_size: int = 100_000            # batches waiting for the publisher thread
+    topic: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher != "null"
+
+
 class EngineConfig(msgspec.Struct, kw_only=True):
     # --- model
     model: str = ""                          # HF model directory; "" means the built-in demo model
@@ -62,12 +86,16 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     enforce_eager: bool = False
     attention_backend: str | None = None     # torch | triton; default: triton on CUDA, torch on CPU
     cpu_threads: int | None = None           # torch threads per CPU executor; default: cores / ranks
+    data_parallel_size: int = 1              # engine cores behind one frontend (each with its own devices)
+    data_parallel_rank: int = 0              # which of them this config starts (set by the DP client)
+    data_parallel_routing: str = "prefix"    # prefix (cache- and load-aware) | load | round_robin
     # --- KV cache
     block_size: int = 16
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None       # bytes; on the CPU the default is 4 GiB
     num_gpu_blocks_override: int | None = None
+    kv_events_config: KVEventsConfig | None = None
     # --- scheduler
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -150,6 +178,13 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.attention_backend is not None:
             _check_choice("attention_backend", self.attention_backend, ("torch", "triton"))
         _check_positive("tensor_parallel_size", self.tensor_parallel_size)
+        _check_positive("data_parallel_size", self.data_parallel_size)
+        _check_choice("data_parallel_routing", self.data_parallel_routing, DATA_PARALLEL_ROUTINGS)
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ConfigError(f"data_parallel_rank {self.data_parallel_rank} is outside "
+                              f"data_parallel_size {self.data_parallel_size}")
+        if self.kv_events_config is not None:
+            _check_choice("kv_events_config.publisher", self.kv_events_config.publisher, KV_EVENT_PUBLISHERS)
         if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ConfigError("long_prefill_token_threshold must be a non-negative integer (0: no cap), "
                               f"got {self.long_prefill_token_threshold!r}")
@@ -232,6 +267,14 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             self.kv_cache_memory = 4 * GiB
         if self.in_process and tp != 1:
             raise ConfigError("in_process mode runs one executor; tensor_parallel_size must be 1")
+        if self.in_process and self.data_parallel_size != 1:
+            raise ConfigError("in_process mode runs one engine; data_parallel_size must be 1")
+        if self.resolved_device == "cuda" and self.data_parallel_size > 1:
+            import torch
+
+            if self.data_parallel_size * tp > torch.cuda.device_count():
+                raise ConfigError(f"data_parallel_size {self.data_parallel_size} x tensor_parallel_size {tp} "
+                                  f"needs {self.data_parallel_size * tp} GPUs; {torch.cuda.device_count()} visible")
         self.finalized = True
         return self
 

@@ -25,11 +25,12 @@ PR_SET_PDEATHSIG = 1
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def spawn(module: str, args: dict) -> subprocess.Popen:
-    """Start `python -m module` with `args` (JSON-encodable) as its single argument."""
+def spawn(module: str, args: dict, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start `python -m module` with `args` (JSON-encodable) as its single argument; `env` adds to (or
+    overrides) the environment it inherits (CUDA_VISIBLE_DEVICES for a data-parallel rank)."""
     args = dict(args, parent_pid=os.getpid(),
                 pdeathsig=threading.current_thread() is threading.main_thread())
-    env = dict(os.environ)
+    env = dict(os.environ, **(env or {}))
     path = env.get("PYTHONPATH", "")
     if _REPO_ROOT not in path.split(os.pathsep):
         env["PYTHONPATH"] = _REPO_ROOT + (os.pathsep + path if path else "")

@@ -124,11 +124,12 @@ class Choice:
         return "".join(self.texts or ())
 
 
-async def stream_choice(engine, choice: Choice, *, priority: int = 0,
-                        cache_salt: str | None = None) -> AsyncIterator[ChoiceEvent]:
+async def stream_choice(engine, choice: Choice, *, priority: int = 0, cache_salt: str | None = None,
+                        data_parallel_rank: int | None = None) -> AsyncIterator[ChoiceEvent]:
     """(choice, new text, delta) per engine step until the choice finishes; closing it aborts the request."""
     stream = engine.generate(choice.request_id, choice.prompt_token_ids, choice.params, priority=priority,
-                             cache_salt=cache_salt, arrival_time=choice.arrival_time)
+                             cache_salt=cache_salt, arrival_time=choice.arrival_time,
+                             data_parallel_rank=data_parallel_rank)
     rejected = False
     try:
         async for delta in stream:

@@ -2,7 +2,9 @@
 
 Each app has its own CollectorRegistry (two apps in one process do not share counters). The scheduler's
 numbers (running, waiting, KV use, prefix-cache counters, preemptions) are read from the engine's latest
-stats at scrape time; token counters are plain ints bumped on the hot path and exported by the same
+stats at scrape time, one series per engine with vLLM's labels (`model_name`, `engine`: the data-parallel
+rank), as routers read them (the Gateway API Inference Extension's model-server protocol: queued,
+running, KV-cache utilization, and `cache_config_info{block_size, num_gpu_blocks}`); token counters are plain ints bumped on the hot path and exported by the same
 collector; latency histograms are observed per request and, for inter-token latency, per step.
 """
 
@@ -87,19 +89,36 @@ class _EngineCollector:
 
     def collect(self):
         m = self._metrics
-        stats = m.engine.stats
+        engine = m.engine
+        each = getattr(engine, "engine_stats", None) or [engine.stats]     # one per data-parallel rank
+        for family, name, doc, field in (
+            (GaugeMetricFamily, "num_requests_running", "Requests in the running batch.", "num_running"),
+            (GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting"),
+            (GaugeMetricFamily, "kv_cache_usage_perc", "KV-cache usage as a fraction: 1 means 100 percent.",
+             "kv_cache_usage"),
+            (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             "prefix_cache_queries"),
+            (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+             "prefix_cache_hits"),
+            (CounterMetricFamily, "num_preemptions", "Requests preempted for lack of KV blocks.",
+             "num_preemptions"),
+        ):
+            metric = family(PREFIX + name, doc, labels=["model_name", "engine"])
+            for rank, stats in enumerate(each):
+                metric.add_metric([m.model_name, str(rank)], getattr(stats, field))
+            yield metric
+        config = getattr(engine, "config", None)
+        if config is not None:
+            # vLLM's info-style gauge (always 1): what KV-aware routers read to size a replica's cache.
+            info = GaugeMetricFamily(PREFIX + "cache_config_info", "The KV cache's configuration.",
+                                     labels=["block_size", "num_gpu_blocks", "enable_prefix_caching",
+                                             "gpu_memory_utilization", "engine"])
+            for rank in range(len(each)):
+                info.add_metric([str(config.block_size), str(engine.num_blocks), str(config.enable_prefix_caching),
+                                 str(config.gpu_memory_utilization), str(rank)], 1)
+            yield info
         label = [m.model_name]
         for family, name, doc, value in (
-            (GaugeMetricFamily, "num_requests_running", "Requests in the running batch.", stats.num_running),
-            (GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
-            (GaugeMetricFamily, "kv_cache_usage_perc", "KV-cache usage as a fraction: 1 means 100 percent.",
-             stats.kv_cache_usage),
-            (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-             stats.prefix_cache_queries),
-            (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-             stats.prefix_cache_hits),
-            (CounterMetricFamily, "num_preemptions", "Requests preempted for lack of KV blocks.",
-             stats.num_preemptions),
             (CounterMetricFamily, "prompt_tokens", "Prompt tokens submitted to the engine.", m.prompt_tokens),
             (CounterMetricFamily, "generation_tokens", "Tokens generated.", m.generation_tokens),
         ):

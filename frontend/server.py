@@ -44,9 +44,9 @@ async def _serve(config: ServerConfig, engine_client) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         if engine_client is None:
-            from engine.client.engine_client import EngineClient
+            from engine.client.dp_client import make_engine_client
 
-            engine_client = EngineClient(config.engine)
+            engine_client = make_engine_client(config.engine)
         try:
             if not await _start_engine(engine_client, stop):
                 logger.info("stopped while the engine was starting")

@@ -44,6 +44,7 @@ class OpenAIServingChat(OpenAIServing):
                                       keep_output=not req.stream, echo_texts=echo_texts(req)),
             prompt_tokens=len(prompt), stream=req.stream, include_usage=req.include_usage, logprobs=logprobs,
             priority=req.priority, cache_salt=req.cache_salt, prompt_logprobs=req.prompt_logprobs is not None,
+            data_parallel_rank=self.data_parallel_rank(request),
         )
         return self.respond(job)
 

@@ -46,7 +46,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                       keep_output=not req.stream, echo_texts=echo_texts),
             prompt_tokens=sum(map(len, prompts)), stream=req.stream, include_usage=req.include_usage,
             logprobs=req.logprobs, priority=req.priority, cache_salt=req.cache_salt, echo=req.echo,
-            prompt_logprobs=req.prompt_logprobs is not None,
+            prompt_logprobs=req.prompt_logprobs is not None, data_parallel_rank=self.data_parallel_rank(request),
         )
         return self.respond(job)
 

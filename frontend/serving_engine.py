@@ -76,6 +76,7 @@ class GenerationJob:
     cache_salt: str | None = None
     echo: bool = False
     prompt_logprobs: bool = False           # vLLM's prompt_logprobs asked for (shown in the response)
+    data_parallel_rank: int | None = None   # X-data-parallel-rank: the engine this request is pinned to
 
 
 class OpenAIServing:
@@ -121,6 +122,17 @@ class OpenAIServing:
     def check_engine(self) -> None:
         if self.engine.is_dead:
             raise ApiError(503, f"the engine is not running: {self.engine.dead_error}")
+
+    def data_parallel_rank(self, request: Request) -> int | None:
+        """The X-data-parallel-rank header (vLLM's): pin the request to that engine; 400 if no such rank."""
+        value = request.headers.get("x-data-parallel-rank")
+        if value is None:
+            return None
+        size = self.ctx.engine.config.data_parallel_size
+        if not value.strip().isdigit() or int(value) >= size:
+            raise ApiError(400, f"X-data-parallel-rank must be an engine rank from 0 to {size - 1}, "
+                                f"got {value!r}", "X-data-parallel-rank")
+        return int(value)
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._encode(text, add_special_tokens=add_special_tokens).ids
@@ -237,7 +249,8 @@ class OpenAIServing:
         return DisconnectAwareResponse(lambda send: self._complete(job, send))
 
     def _events(self, job: GenerationJob) -> AsyncIterator[ChoiceEvent]:
-        streams = [stream_choice(self.engine, choice, priority=job.priority, cache_salt=job.cache_salt)
+        streams = [stream_choice(self.engine, choice, priority=job.priority, cache_salt=job.cache_salt,
+                                 data_parallel_rank=job.data_parallel_rank)
                    for choice in job.choices]
         return streams[0] if len(streams) == 1 else merge_streams(streams)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "frontend", "shm", "kernels", "tools")
 CONTRACTS = ("engine.config", "engine.errors", "engine.sampling_params", "engine.messages", "engine.outputs",
-             "engine.process", "engine.distributed")
+             "engine.process", "engine.distributed", "engine.block_hash")
 MODEL_ARGS = ("engine.models.model_args", "engine.models.demo")
 FRONTEND_MAY_USE = ("engine!", "engine.config", "engine.sampling_params", "engine.outputs", "engine.errors",
                     "engine.client", "frontend")

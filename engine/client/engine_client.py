@@ -53,8 +53,9 @@ READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this 
 
 
 class EngineClient:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, env: dict[str, str] | None = None) -> None:
         self.config = config.finalize()
+        self._env = env                  # added to the scheduler's environment (a DP rank's devices)
         self.eos_token_ids = eos_token_ids(self.config)
         self.generation_defaults = model_generation_defaults(self.config)
         self.num_blocks = 0
@@ -106,7 +107,7 @@ class EngineClient:
                 "config": config.to_json().decode(),
                 "request_ring": self._requests.spec.to_json().decode(),
                 "output_ring": self._outputs.spec.to_json().decode(),
-            })
+            }, env=self._env)
             self._requests.set_peer_check(self._check_scheduler)
             self._outputs.set_peer_check(self._check_scheduler)
             msg = self._read_message(timeout=config.startup_timeout_s)
@@ -265,9 +266,11 @@ class EngineClient:
 
     # ------------------------------------------------------------------ the asyncio face
     async def generate(self, request_id: str, prompt_token_ids, params: SamplingParams, *,
-                       priority: int = 0, cache_salt: str | None = None,
-                       arrival_time: float | None = None) -> AsyncIterator[RequestDelta]:
+                       priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
+                       data_parallel_rank: int | None = None) -> AsyncIterator[RequestDelta]:
         self._check_alive()
+        if data_parallel_rank not in (None, 0):
+            raise ValueError(f"data-parallel rank {data_parallel_rank} does not exist: one engine runs")
         if self._local is not None:
             raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
         self._ensure_reader()

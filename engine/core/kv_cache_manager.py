@@ -12,28 +12,17 @@ Block tables are append-only: a request gains blocks while it runs and gives all
 
 from __future__ import annotations
 
-import hashlib
 from array import array
 from collections.abc import Sequence
 
+from engine.block_hash import (
+    NO_EXTRA_KEYS,
+    ROOT_BLOCK_HASH,
+    hash_block_tokens,
+    salt_extra_keys,
+)
 from engine.core.block_pool import BlockPool, KVCacheBlock
 from engine.core.request import Request
-
-# The parent of every request's first block. Fixed, so hashes are stable across processes and restarts.
-ROOT_BLOCK_HASH = hashlib.sha256(b"ringserve prefix cache v1").digest()
-_NO_EXTRA_KEYS = b""
-
-
-def hash_block_tokens(parent_hash: bytes, token_bytes: bytes, extra_keys: bytes = _NO_EXTRA_KEYS) -> bytes:
-    """sha256 over the parent's 32-byte digest, the block's int32 token ids and the extra keys.
-
-    The first two parts have fixed sizes, so the concatenation is unambiguous.
-    """
-    return hashlib.sha256(parent_hash + token_bytes + extra_keys).digest()
-
-
-def salt_extra_keys(cache_salt: str | None) -> bytes:
-    return _NO_EXTRA_KEYS if cache_salt is None else b"salt\x00" + cache_salt.encode()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -77,7 +66,7 @@ class KVCacheManager:
         parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
         width = 4 * size
         for i in range(end - start):
-            extra = salt_extra_keys(request.cache_salt) if start + i == 0 else _NO_EXTRA_KEYS
+            extra = salt_extra_keys(request.cache_salt) if start + i == 0 else NO_EXTRA_KEYS
             parent = hash_block_tokens(parent, data[i * width: (i + 1) * width], extra)
             hashes.append(parent)
 

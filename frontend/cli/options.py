@@ -5,14 +5,17 @@ from __future__ import annotations
 import re
 
 import click
+import msgspec
 
 from engine.config import (
+    DATA_PARALLEL_ROUTINGS,
     DEVICES,
     DTYPES,
     LOAD_FORMATS,
     SCHEDULING_POLICIES,
     ConfigError,
     EngineConfig,
+    KVEventsConfig,
     parse_size,
 )
 
@@ -35,6 +38,20 @@ class SizeParam(click.ParamType):
 SIZE = SizeParam()
 
 
+class KVEventsParam(click.ParamType):
+    """--kv-events-config: vLLM's JSON, e.g. '{"enable_kv_cache_events": true, "publisher": "zmq"}'."""
+
+    name = "json"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, KVEventsConfig):
+            return value
+        try:
+            return msgspec.json.decode(value, type=KVEventsConfig)
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            self.fail(f"{value!r} is not a KV events config: {e}", param, ctx)
+
+
 ENGINE_OPTIONS = [
     click.option("--tokenizer", default=None, help="Tokenizer directory (default: MODEL)."),
     click.option("--max-model-len", type=SIZE, default=None,
@@ -43,6 +60,12 @@ ENGINE_OPTIONS = [
     click.option("--seed", type=int, default=0, help="Seed of the engine's random state."),
     click.option("--tensor-parallel-size", "-tp", type=click.IntRange(min=1), default=1,
                  help="Executors (GPUs) the model is sharded over."),
+    click.option("--data-parallel-size", "-dp", type=click.IntRange(min=1), default=1,
+                 help="Engine cores (each with tensor-parallel-size devices) behind one frontend."),
+    click.option("--data-parallel-routing", type=click.Choice(DATA_PARALLEL_ROUTINGS), default="prefix",
+                 help="How the frontend picks an engine: prefix (KV-cache prefix and load), load, round_robin."),
+    click.option("--kv-events-config", type=KVEventsParam(), default=None,
+                 help="Publish KV-cache events for KV-aware routers (vLLM's JSON; needs pyzmq)."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, help="Most requests in one batch."),
     click.option("--max-num-batched-tokens", type=SIZE, default=None,
                  help="Token budget of one engine step (default: 8192 on GPU, 2048 on CPU)."),
@@ -90,5 +113,7 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         max_num_seqs=options["max_num_seqs"], max_num_batched_tokens=options["max_num_batched_tokens"],
         scheduling_policy=options["scheduling_policy"], max_logprobs=options["max_logprobs"],
         long_prefill_token_threshold=options["long_prefill_token_threshold"],
-        async_scheduling=options["async_scheduling"], **extra,
+        async_scheduling=options["async_scheduling"],
+        data_parallel_size=options["data_parallel_size"], data_parallel_routing=options["data_parallel_routing"],
+        kv_events_config=options["kv_events_config"], **extra,
     )

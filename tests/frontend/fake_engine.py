@@ -86,7 +86,8 @@ class FakeEngine:
                               num_free_blocks=self.num_blocks - -(-in_use // self.block_size), step=self._step)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                       priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None):
+                       priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
+                       data_parallel_rank: int | None = None):
         if self._dead is not None:
             raise self._dead
         self._check(request_id, prompt_token_ids, params)

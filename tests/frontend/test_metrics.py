@@ -37,12 +37,37 @@ def test_engine_stats_are_read_at_scrape_time():
     engine.stats = SchedulerStats(num_running=3, num_waiting=2, kv_cache_usage=0.25, prefix_cache_queries=100,
                                   prefix_cache_hits=40, num_preemptions=1)
     got = samples(metrics)
-    label = (("model_name", "m"),)
+    label = (("engine", "0"), ("model_name", "m"))
     assert got["ringserve:num_requests_running", label] == 3
     assert got["ringserve:num_requests_waiting", label] == 2
     assert got["ringserve:kv_cache_usage_perc", label] == 0.25
     assert got["ringserve:prefix_cache_hits_total", label] == 40
     assert got["ringserve:num_preemptions_total", label] == 1
+
+
+class TwoEngines:
+    """What DPEngineClient shows the metrics: per-rank stats, the config and the per-engine KV capacity."""
+
+    def __init__(self):
+        from engine.config import EngineConfig
+
+        self.config = EngineConfig(block_size=32, gpu_memory_utilization=0.5)
+        self.num_blocks = 1000
+        self.engine_stats = [SchedulerStats(num_running=1, num_waiting=4, prefix_cache_hits=10),
+                             SchedulerStats(num_running=2, num_waiting=0, prefix_cache_hits=30)]
+        self.stats = SchedulerStats()
+
+
+def test_each_data_parallel_engine_has_its_series_and_its_cache_config_info():
+    got = samples(ServerMetrics(TwoEngines(), "m"))
+    for rank, (running, waiting, hits) in enumerate([(1, 4, 10), (2, 0, 30)]):
+        label = (("engine", str(rank)), ("model_name", "m"))
+        assert got["ringserve:num_requests_running", label] == running
+        assert got["ringserve:num_requests_waiting", label] == waiting
+        assert got["ringserve:prefix_cache_hits_total", label] == hits
+        info = (("block_size", "32"), ("enable_prefix_caching", "True"), ("engine", str(rank)),
+                ("gpu_memory_utilization", "0.5"), ("num_gpu_blocks", "1000"))
+        assert got["ringserve:cache_config_info", info] == 1
 
 
 def test_record_finished_observes_each_phase():
