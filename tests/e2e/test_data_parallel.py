@@ -75,7 +75,7 @@ def test_concurrent_requests_all_complete_on_both_engines(server):
 def test_the_same_prefix_lands_on_the_same_engine(server):
     for group in range(4):
         prompts = [f"{group}-{PREFIX}question {i}?" for i in range(5)]
-        delta = queries_delta(server, lambda: [complete(server, p).raise_for_status() for p in prompts])
+        delta = queries_delta(server, lambda ps=prompts: [complete(server, p).raise_for_status() for p in ps])
         used = [engine for engine, d in delta.items() if d]
         assert len(used) == 1, (group, delta)
     hits = per_engine(server, "prefix_cache_hits_total")
@@ -84,7 +84,8 @@ def test_the_same_prefix_lands_on_the_same_engine(server):
 
 def test_pinned_ranks_are_honoured_and_bad_pins_are_400(server):
     for rank in ("0", "1", "1", "0"):
-        delta = queries_delta(server, lambda: complete(server, PREFIX, {"X-data-parallel-rank": rank}).raise_for_status())
+        pin = {"X-data-parallel-rank": rank}
+        delta = queries_delta(server, lambda pin=pin: complete(server, PREFIX, pin).raise_for_status())
         assert delta[rank] > 0 and delta[str(1 - int(rank))] == 0, (rank, delta)
     for bad in ("2", "-1", "one"):
         r = complete(server, "x", {"X-data-parallel-rank": bad})
