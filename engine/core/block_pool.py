@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from engine.block_hash import external_block_hash
+from engine.core.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved
+
 
 class KVCacheBlock:
     __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
@@ -86,6 +89,7 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
         self.null_block = self.blocks[0]
         self.cached_block_hash_to_block: dict[bytes, KVCacheBlock] = {}
+        self.kv_events: list | None = None      # KV-cache events since the last step, when they are on
 
     @property
     def num_free_blocks(self) -> int:
@@ -134,16 +138,21 @@ class BlockPool:
     def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
-        """Register a full, computed block under its hash. When another block already holds the same
-        content (two requests computed it at once), the first keeps the entry and this one stays
-        uncached, to be recycled as a plain block."""
+    def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> bool:
+        """Register a full, computed block under its hash; True if it entered the cache. When another
+        block already holds the same content (two requests computed it at once), the first keeps the
+        entry and this one stays uncached, to be recycled as a plain block."""
         if block.block_hash is None and block_hash not in self.cached_block_hash_to_block:
             block.block_hash = block_hash
             self.cached_block_hash_to_block[block_hash] = block
+            return True
+        return False
 
     def _evict(self, block: KVCacheBlock) -> None:
         del self.cached_block_hash_to_block[block.block_hash]
+        if self.kv_events is not None:
+            self.kv_events.append(BlockRemoved(block_hashes=[external_block_hash(block.block_hash)],
+                                               medium=MEDIUM_GPU))
         block.block_hash = None
 
     def reset_prefix_cache(self) -> bool:
@@ -154,4 +163,6 @@ class BlockPool:
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        if self.kv_events is not None:
+            self.kv_events.append(AllBlocksCleared())
         return True

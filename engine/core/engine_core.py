@@ -16,6 +16,7 @@ import time
 from collections import deque
 
 from engine.config import EngineConfig
+from engine.core.kv_events import make_publisher
 from engine.core.scheduler import Scheduler
 from engine.executor.group import Executor
 from engine.messages import (
@@ -42,6 +43,18 @@ class EngineCore:
         self._rejected: list[int] = []
         self._in_flight: deque = deque()           # async: submitted steps whose results are not applied
         self._stashed: deque = deque()             # async: outputs of steps drained before a control call
+        self.kv_event_publisher = make_publisher(config)   # None unless --kv-events-config asks for it
+
+    def close(self) -> None:
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.shutdown()
+            self.kv_event_publisher = None
+
+    def publish_kv_events(self) -> None:
+        """The KV-cache events since the last call, as one batch (see engine.core.kv_events)."""
+        events = self.scheduler.kv_cache_manager.take_kv_events()
+        if events and self.kv_event_publisher is not None:
+            self.kv_event_publisher.publish(events)
 
     def handle(self, msg) -> ControlReply | None:
         """Apply one message from the frontend; control calls return their reply."""
@@ -61,6 +74,7 @@ class EngineCore:
         try:
             if call.method == "reset_prefix_cache":
                 result = str(self.scheduler.reset_prefix_cache())
+                self.publish_kv_events()
             elif call.method in ("start_profile", "stop_profile"):
                 self._drain()
                 result = self.executor.call(call.method, **call.args)
@@ -92,13 +106,16 @@ class EngineCore:
 
     def step(self) -> EngineOutputs | None:
         if self.config.async_scheduling:
-            return self._step_async()
-        so = self.scheduler.schedule()
-        self.step_count += 1
-        result = None
-        if so.total_num_scheduled_tokens or len(so.finished_reqs) or so.new_reqs:
-            result = self.executor.execute(so)
-        return _news(self.scheduler.update_from_output(so, result))
+            outputs = self._step_async()
+        else:
+            so = self.scheduler.schedule()
+            self.step_count += 1
+            result = None
+            if so.total_num_scheduled_tokens or len(so.finished_reqs) or so.new_reqs:
+                result = self.executor.execute(so)
+            outputs = _news(self.scheduler.update_from_output(so, result))
+        self.publish_kv_events()
+        return outputs
 
     def _step_async(self) -> EngineOutputs | None:
         if self._stashed:

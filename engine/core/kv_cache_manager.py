@@ -18,10 +18,12 @@ from collections.abc import Sequence
 from engine.block_hash import (
     NO_EXTRA_KEYS,
     ROOT_BLOCK_HASH,
+    external_block_hash,
     hash_block_tokens,
     salt_extra_keys,
 )
 from engine.core.block_pool import BlockPool, KVCacheBlock
+from engine.core.kv_events import MEDIUM_GPU, BlockStored
 from engine.core.request import Request
 
 
@@ -148,6 +150,43 @@ class KVCacheManager:
             return
         cache_block = self.block_pool.cache_block
         blocks, hashes = request.blocks[start:num_full], request.block_hashes[start:num_full]
-        for block, block_hash in zip(blocks, hashes, strict=True):
-            cache_block(block, block_hash)
+        if self.block_pool.kv_events is None:
+            for block, block_hash in zip(blocks, hashes, strict=True):
+                cache_block(block, block_hash)
+        else:
+            stored = [cache_block(block, block_hash) for block, block_hash in zip(blocks, hashes, strict=True)]
+            self._report_stored(request, start, stored)
         request.num_cached_blocks = num_full
+
+    def enable_kv_events(self) -> None:
+        """Start collecting KV-cache events (engine.core.kv_events); take them with take_kv_events."""
+        self.block_pool.kv_events = []
+
+    def take_kv_events(self) -> list:
+        events = self.block_pool.kv_events
+        if not events:
+            return []
+        self.block_pool.kv_events = []
+        return events
+
+    def _report_stored(self, request: Request, start: int, stored: list[bool]) -> None:
+        """One BlockStored per run of consecutive blocks that entered the cache (a block whose content
+        another block already caches breaks a run: the cache gained nothing there)."""
+        size = self.block_size
+        hashes = request.block_hashes
+        i = 0
+        while i < len(stored):
+            if not stored[i]:
+                i += 1
+                continue
+            j = i
+            while j < len(stored) and stored[j]:
+                j += 1
+            first, end = start + i, start + j
+            self.block_pool.kv_events.append(BlockStored(
+                block_hashes=[external_block_hash(h) for h in hashes[first:end]],
+                parent_block_hash=external_block_hash(hashes[first - 1]) if first else None,
+                token_ids=request.all_token_ids[first * size:end * size], block_size=size, lora_id=None,
+                medium=MEDIUM_GPU,
+            ))
+            i = j

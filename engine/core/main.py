@@ -31,7 +31,7 @@ def main() -> int:
     requests.set_peer_check(check_parent)
     outputs.set_peer_check(check_parent)
     codec_out = Codec(EngineOut)
-    executors = None
+    executors = core = None
     try:
         executors = ExecutorGroup(config, parent_check=check_parent)
         requests.set_peer_check(executors.check)
@@ -62,6 +62,8 @@ def main() -> int:
             executors.close(kill_now=True)
         return 1
     finally:
+        if core is not None:
+            core.close()            # the KV events publisher, if any: flush and release its sockets
         requests.close()
         outputs.close()
 

@@ -94,6 +94,8 @@ class Scheduler:
         self.max_new_request_bytes = config.ring_bytes // 2
         self.waiting = create_request_queue(self.policy)
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        if config.kv_events_config is not None and config.kv_events_config.enable_kv_cache_events:
+            self.kv_cache_manager.enable_kv_events()
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}      # every unfinished request by handle
         self.step = 0
