@@ -1,4 +1,4 @@
-"""Synthetic prompts for `ringserve bench serve`: the `random` and `prefix` datasets.
+"""Synthetic prompts for `ringserve bench serve`: the `random`, `prefix` and `prefix_repetition` datasets.
 
 A prompt is built from random token ids decoded to text. Decoding then re-encoding random ids rarely gives
 the same number of tokens back (byte-level BPE merges and splits across the seams), so the text is
@@ -10,6 +10,11 @@ The `prefix` dataset puts one shared prefix of `prefix_len` tokens in front of e
 prefix caching. The prefix text is fixed once and only the suffix is adjusted, so every prompt starts
 with the very same characters and (redrawing a suffix that would merge across the seam) the very same
 prefix_len tokens.
+
+The `prefix_repetition` dataset (vLLM's name) is the scale-out workload: `num_prefixes` different prefixes
+of `prefix_len` tokens, each shared by num_requests / num_prefixes prompts with their own random suffix,
+in shuffled order. It is what prefix-aware routing across replicas or data-parallel engines is for: a
+request hits the cache only on an engine that already ran its prefix.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DATASETS = ("random", "prefix")
+DATASETS = ("random", "prefix", "prefix_repetition")
 MAX_FIT_ROUNDS = 10
 
 
@@ -92,6 +97,46 @@ def sample_requests(
             SampleRequest(prompt=text, prompt_len=len(ids) + num_special, expected_output_len=n_out)
         )
     return requests
+
+
+def sample_prefix_repetition(
+    tokenizer,
+    num_requests: int,
+    num_prefixes: int,
+    prefix_len: int,
+    suffix_len: int,
+    output_len: int,
+    seed: int = 0,
+) -> list[SampleRequest]:
+    """num_prefixes groups of num_requests // num_prefixes prompts (prefix_len shared tokens + suffix_len
+    own tokens, plus the tokenizer's special tokens), shuffled; each asks for output_len tokens."""
+    if num_prefixes < 1 or num_requests < num_prefixes or prefix_len < 1 or suffix_len < 1 or output_len < 1:
+        raise ValueError(
+            f"prefix_repetition needs num_prefixes >= 1, num_prompts >= num_prefixes and prefix_len, "
+            f"input_len (the suffix) and output_len >= 1; got {num_prefixes}, {num_requests}, {prefix_len}, "
+            f"{suffix_len} and {output_len}"
+        )
+    num_special = int(tokenizer.num_special_tokens_to_add())
+    rng = np.random.default_rng(seed)
+    allowed = np.setdiff1d(np.arange(tokenizer.vocab_size), tokenizer.all_special_ids)
+    requests = []
+    for _ in range(num_prefixes):
+        prefix_text, prefix_ids = fit_prompt(
+            tokenizer, "", _random_ids(rng, allowed, prefix_len), prefix_len, rng, allowed
+        )
+        for _ in range(num_requests // num_prefixes):
+            for _ in range(MAX_FIT_ROUNDS):
+                text, ids = fit_prompt(
+                    tokenizer, prefix_text, _random_ids(rng, allowed, suffix_len), prefix_len + suffix_len,
+                    rng, allowed,
+                )
+                if ids[:prefix_len] == prefix_ids:
+                    break
+            requests.append(
+                SampleRequest(prompt=text, prompt_len=len(ids) + num_special, expected_output_len=output_len)
+            )
+    order = rng.permutation(len(requests))
+    return [requests[i] for i in order]
 
 
 def fit_prompt(

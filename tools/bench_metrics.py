@@ -81,6 +81,9 @@ class BenchResult:
     percentile_metrics: list[str] = field(default_factory=lambda: list(METRICS))
     goodput_slos_ms: dict[str, float] = field(default_factory=dict)
     run_info: dict = field(default_factory=dict)
+    # the server's own prefix-cache hit rate over the run (prompt tokens found / looked up, from the
+    # vLLM-named counters in its /metrics, summed over engines); None when it exposes none
+    server_prefix_cache_hit_rate: float | None = None
 
     def to_dict(self) -> dict:
         out = dict(self.run_info)
@@ -244,6 +247,8 @@ def format_result(result: BenchResult) -> str:
     row("Peak output token throughput (tok/s):", result.max_output_tokens_per_s, ".2f")
     row("Peak concurrent requests:", result.max_concurrent_requests, ".2f")
     row("Total token throughput (tok/s):", result.total_token_throughput, ".2f")
+    if result.server_prefix_cache_hit_rate is not None:
+        row("Server prefix cache hit rate:", result.server_prefix_cache_hit_rate, ".3f")
     for name in result.percentile_metrics:
         short, title = METRIC_TITLES[name]
         stat = result.stats[name]

@@ -26,7 +26,7 @@ import orjson
 from tqdm import tqdm
 
 from tools.bench_client import ENDPOINT_PATHS, RequestRecord, build_payload, send_request
-from tools.bench_datasets import DATASETS, SampleRequest, sample_requests
+from tools.bench_datasets import DATASETS, SampleRequest, sample_prefix_repetition, sample_requests
 from tools.bench_metrics import METRICS, BenchResult, calculate_metrics, format_result, parse_goodput
 
 __all__ = ["BenchSettings", "BenchResult", "run_benchmark", "format_result", "arrival_offsets", "cli"]
@@ -50,7 +50,8 @@ class BenchSettings:
     random_input_len: int = 1024
     random_output_len: int = 128
     random_range_ratio: float = 0.0
-    prefix_len: int = 0  # shared prefix tokens; the prefix dataset needs > 0
+    prefix_len: int = 0  # shared prefix tokens; the prefix datasets need > 0
+    num_prefixes: int = 16  # prefix_repetition: how many different prefixes (prompts split evenly)
     request_rate: float = math.inf  # requests/s; inf sends all at once
     burstiness: float = 1.0  # gamma shape of the gaps; 1 is Poisson
     max_concurrency: int | None = None
@@ -70,8 +71,8 @@ class BenchSettings:
             raise ValueError(f"endpoint must be one of {', '.join(ENDPOINT_PATHS)}, got {self.endpoint!r}")
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
-        if self.dataset == "prefix" and self.prefix_len < 1:
-            raise ValueError("the prefix dataset needs --prefix-len N with N > 0")
+        if self.dataset in ("prefix", "prefix_repetition") and self.prefix_len < 1:
+            raise ValueError(f"the {self.dataset} dataset needs --prefix-len N with N > 0")
         if not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0 (inf sends all at once), got {self.request_rate}")
         if not self.burstiness > 0:
@@ -128,7 +129,17 @@ async def run_benchmark(
             model, model_root = await first_served_model(client, base_url)
         if tokenizer is None and (requests is None or settings.tokenizer):
             tokenizer = load_bench_tokenizer(settings.tokenizer or model_root, model)
-        if requests is None:
+        if requests is None and settings.dataset == "prefix_repetition":
+            requests = sample_prefix_repetition(
+                tokenizer,
+                settings.num_prompts,
+                settings.num_prefixes,
+                settings.prefix_len,
+                settings.random_input_len,
+                settings.random_output_len,
+                settings.seed,
+            )
+        elif requests is None:
             requests = sample_requests(
                 tokenizer,
                 settings.num_prompts,
@@ -158,6 +169,7 @@ async def run_benchmark(
 
         rng = np.random.default_rng([settings.seed, 1])  # its own stream, apart from the dataset's
         offsets = arrival_offsets(len(requests), settings.request_rate, settings.burstiness, rng)
+        counters_before = await prefix_cache_counters(client, base_url)
         gc.collect()
         gc.freeze()  # no collector pauses over the run's long-lived objects
         try:
@@ -166,11 +178,16 @@ async def run_benchmark(
             )
         finally:
             gc.unfreeze()
+        counters_after = await prefix_cache_counters(client, base_url)
 
     result = calculate_metrics(
         records, duration, start, tokenizer, settings.metric_percentiles, settings.goodput
     )
     result.percentile_metrics = list(settings.percentile_metrics)
+    if counters_before is not None and counters_after is not None:
+        queries = counters_after[1] - counters_before[1]
+        if queries > 0:
+            result.server_prefix_cache_hit_rate = (counters_after[0] - counters_before[0]) / queries
     result.run_info = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": "openai-chat" if chat else "openai",
@@ -243,6 +260,26 @@ async def _warm_up(send, num_warmups: int, max_concurrency: int | None) -> None:
     await asyncio.gather(*(one() for _ in range(num_warmups)))
 
 
+async def prefix_cache_counters(client: httpx.AsyncClient, base_url: str) -> tuple[float, float] | None:
+    """(prefix-cache hit tokens, looked-up tokens) so far, summed over the server's engines, from its
+    Prometheus /metrics under ringserve's or vLLM's names; None when it has no such counters."""
+    try:
+        response = await client.get(base_url + "/metrics")
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    totals = {"hits": 0.0, "queries": 0.0}
+    found = False
+    for line in response.text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for prefix in ("ringserve:", "vllm:"):
+            for kind in totals:
+                if name == f"{prefix}prefix_cache_{kind}_total":
+                    totals[kind] += float(line.rsplit(" ", 1)[1])
+                    found = True
+    return (totals["hits"], totals["queries"]) if found else None
+
+
 async def first_served_model(client: httpx.AsyncClient, base_url: str) -> tuple[str, str | None]:
     """The id of the first model the server lists at /v1/models, and its `root` (vLLM puts the model's
     path there) when that is a local directory, to find the tokenizer."""
@@ -300,6 +337,14 @@ def _floats(text: str) -> list[float]:
     show_default=True,
     type=int,
     help="Tokens of one prefix shared by every prompt (the prefix dataset needs > 0).",
+)
+@click.option(
+    "--num-prefixes",
+    "--prefix-repetition-num-prefixes",
+    default=16,
+    show_default=True,
+    type=int,
+    help="prefix_repetition: different prefixes, each shared by num-prompts / num-prefixes prompts.",
 )
 @click.option(
     "--request-rate", default="inf", show_default=True, type=float, help="Requests/s; inf: all at once."
