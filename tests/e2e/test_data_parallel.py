@@ -6,6 +6,7 @@ token is looked up once, on the engine that runs it)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
@@ -13,9 +14,12 @@ import threading
 import time
 
 import httpx
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.block_hash import external_block_hash, prefix_block_hashes
+from engine.core.kv_events import END_SEQ, BlockRemoved, BlockStored, KVEventBatch
 from tests.e2e.server import ServerProcess, children, descendants
 from tests.e2e.test_server import gone, ours_in_shm
 
@@ -45,8 +49,18 @@ def queries_delta(server: ServerProcess, send) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess("-dp", "2", "--load-format", "fake") as s:
+def kv_events_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("kv-events")
+
+
+@pytest.fixture(scope="module")
+def server(kv_events_dir):
+    events = []
+    if importlib.util.find_spec("zmq") is not None:
+        config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{kv_events_dir}/pub",
+                  "replay_endpoint": f"ipc://{kv_events_dir}/replay"}
+        events = ["--kv-events-config", json.dumps(config)]
+    with ServerProcess("-dp", "2", "--load-format", "fake", *events) as s:
         yield s
 
 
@@ -92,6 +106,48 @@ def test_pinned_ranks_are_honoured_and_bad_pins_are_400(server):
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "X-data-parallel-rank"
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def replay_all(endpoint: str) -> list[KVEventBatch]:
+    """Every batch a rank has published so far, from its replay socket."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart((b"", (0).to_bytes(8, "big")))
+        batches = []
+        while sock.poll(5000):
+            _, seq, payload = sock.recv_multipart()
+            if seq == END_SEQ:
+                return batches
+            batches.append(msgspec.msgpack.decode(payload, type=KVEventBatch))
+        raise AssertionError(f"no end of replay from {endpoint}")
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def test_each_engine_publishes_kv_events_for_the_blocks_it_caches(server, kv_events_dir):
+    pytest.importorskip("zmq")
+    prompt = "kv events pinned to rank one. " * 8
+    assert complete(server, prompt, {"X-data-parallel-rank": "1"}).status_code == 200
+    tokens = httpx.post(server.url + "/tokenize", json={"model": server.model, "prompt": prompt}).json()["tokens"]
+    blocks = {external_block_hash(h) for h in prefix_block_hashes(tokens, 16)}
+    cached = []
+    for rank, suffix in enumerate(("", "_dp1")):
+        batches = replay_all(f"ipc://{kv_events_dir}/replay{suffix}")
+        assert batches and all(b.data_parallel_rank == rank for b in batches)
+        stored = set()
+        for batch in batches:
+            for event in batch.events:
+                if isinstance(event, BlockStored):
+                    stored.update(event.block_hashes)
+                elif isinstance(event, BlockRemoved):
+                    stored.difference_update(event.block_hashes)
+        cached.append(stored)
+    assert blocks and blocks <= cached[1] and not blocks & cached[0]
 
 
 def scheduler_of_rank(server_pid: int, rank: int) -> int:

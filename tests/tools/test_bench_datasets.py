@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tools.bench_datasets import length_range, sample_requests
+from tools.bench_datasets import length_range, sample_prefix_repetition, sample_requests
 
 
 @pytest.fixture(params=["qwen3", "llama3"])
@@ -68,3 +68,15 @@ def test_bad_dataset_options_are_named(tokenizer, kwargs, message):
     options = {"num_requests": 2, "input_len": 10, "output_len": 2} | kwargs
     with pytest.raises(ValueError, match=message):
         sample_requests(tokenizer, **options)
+
+
+def test_prefix_repetition_groups_prompts_by_prefix_and_shuffles_them(tokenizer):
+    requests = sample_prefix_repetition(tokenizer, 12, num_prefixes=3, prefix_len=48, suffix_len=10, output_len=5,
+                                        seed=4)
+    assert len(requests) == 12 and all(r.expected_output_len == 5 for r in requests)
+    heads = [tuple(tokenizer.encode(r.prompt, add_special_tokens=False)[:48]) for r in requests]
+    assert sorted(heads.count(h) for h in set(heads)) == [4, 4, 4]
+    assert heads != sorted(heads, key=heads.index)             # interleaved, not in blocks of a group
+    assert all(_server_len(tokenizer, r.prompt) == r.prompt_len for r in requests)
+    with pytest.raises(ValueError, match="num_prefixes"):
+        sample_prefix_repetition(tokenizer, 2, num_prefixes=3, prefix_len=8, suffix_len=1, output_len=1)

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 
+import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -282,3 +283,26 @@ def test_cli_without_a_tokenizer_says_how_to_give_one(stub):
 def test_cli_rejects_bad_options_by_name():
     run = CliRunner().invoke(cli, ["--goodput", "ttft=5"])
     assert run.exit_code == 2 and "NAME:MILLISECONDS" in run.output
+
+
+def test_the_server_prefix_cache_counters_are_summed_over_engines_under_either_name():
+    from tools.bench_serve import prefix_cache_counters
+
+    pages = {
+        "ringserve": ('ringserve:prefix_cache_hits_total{engine="0",model_name="m"} 30.0\n'
+                      'ringserve:prefix_cache_hits_total{engine="1",model_name="m"} 10.0\n'
+                      'ringserve:prefix_cache_queries_total{engine="0",model_name="m"} 100.0\n'
+                      'ringserve:prefix_cache_queries_total{engine="1",model_name="m"} 60.0\n'
+                      'ringserve:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e9\n'),
+        "vllm": 'vllm:prefix_cache_hits_total{engine="0"} 5.0\nvllm:prefix_cache_queries_total{engine="0"} 9.0\n',
+        "none": "process_cpu_seconds_total 1.0\n",
+    }
+
+    async def read(kind: str):
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, text=pages[kind]))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await prefix_cache_counters(client, "http://server")
+
+    assert asyncio.run(read("ringserve")) == (40.0, 160.0)
+    assert asyncio.run(read("vllm")) == (5.0, 9.0)
+    assert asyncio.run(read("none")) is None
