@@ -110,3 +110,26 @@ def test_chat_streams_replies_and_keeps_the_conversation(served):
 def test_chat_reports_an_unreachable_server():
     result = invoke("chat", "--url", "http://127.0.0.1:9/v1", input="")
     assert result.exit_code == 1 and "cannot reach the server" in result.output
+
+
+def test_data_parallel_and_kv_events_flags(launched, tiny_model):
+    events = '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:6000", "topic": "kv"}'
+    result = invoke("serve", str(tiny_model), "--device", "cpu", "-dp", "2", "--data-parallel-routing", "round_robin",
+                    "--kv-events-config", events)
+    assert result.exit_code == 0, result.output
+    engine = launched[0].engine
+    assert (engine.data_parallel_size, engine.data_parallel_routing) == (2, "round_robin")
+    assert engine.kv_events_config.enabled and engine.kv_events_config.endpoint == "tcp://127.0.0.1:6000"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-dp", "0"], "0"),
+    (["--data-parallel-routing", "random"], "random"),
+    (["--kv-events-config", "{not json"], "is not a KV events config"),
+    (["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "kafka"}'], "publisher"),
+    (["--kv-events-config", '{"no_such_field": 1}'], "no_such_field"),
+])
+def test_bad_data_parallel_and_kv_events_values_are_usage_errors(launched, tiny_model, args, message):
+    result = invoke("serve", str(tiny_model), "--device", "cpu", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output and not launched
