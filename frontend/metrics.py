@@ -111,11 +111,11 @@ class _EngineCollector:
         if config is not None:
             # vLLM's info-style gauge (always 1): what KV-aware routers read to size a replica's cache.
             info = GaugeMetricFamily(PREFIX + "cache_config_info", "The KV cache's configuration.",
-                                     labels=["block_size", "num_gpu_blocks", "enable_prefix_caching",
+                                     labels=["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching",
                                              "gpu_memory_utilization", "engine"])
             for rank in range(len(each)):
-                info.add_metric([str(config.block_size), str(engine.num_blocks), str(config.enable_prefix_caching),
-                                 str(config.gpu_memory_utilization), str(rank)], 1)
+                info.add_metric([m.model_name, str(config.block_size), str(engine.num_blocks),
+                                 str(config.enable_prefix_caching), str(config.gpu_memory_utilization), str(rank)], 1)
             yield info
         label = [m.model_name]
         for family, name, doc, value in (

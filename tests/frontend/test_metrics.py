@@ -66,7 +66,7 @@ def test_each_data_parallel_engine_has_its_series_and_its_cache_config_info():
         assert got["ringserve:num_requests_waiting", label] == waiting
         assert got["ringserve:prefix_cache_hits_total", label] == hits
         info = (("block_size", "32"), ("enable_prefix_caching", "True"), ("engine", str(rank)),
-                ("gpu_memory_utilization", "0.5"), ("num_gpu_blocks", "1000"))
+                ("gpu_memory_utilization", "0.5"), ("model_name", "m"), ("num_gpu_blocks", "1000"))
         assert got["ringserve:cache_config_info", info] == 1
 
 
