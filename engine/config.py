@@ -8,6 +8,7 @@ model path or an unsupported architecture fails in the caller before any process
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -185,6 +186,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                               f"data_parallel_size {self.data_parallel_size}")
         if self.kv_events_config is not None:
             _check_choice("kv_events_config.publisher", self.kv_events_config.publisher, KV_EVENT_PUBLISHERS)
+            if self.kv_events_config.enabled and importlib.util.find_spec("zmq") is None:
+                raise ConfigError("kv_events_config with publisher 'zmq' needs pyzmq: "
+                                  "pip install 'ringserve[kv-events]' (or pyzmq)")
         if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ConfigError("long_prefill_token_threshold must be a non-negative integer (0: no cap), "
                               f"got {self.long_prefill_token_threshold!r}")
