@@ -231,10 +231,13 @@ class DPEngineClient:
         thread cannot sleep on several rings at once), so a poll returns within a slice of any news."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            busy = [c for c in self.clients if c.num_unfinished]
+            busy = [(rank, c) for rank, c in enumerate(self.clients) if c.num_unfinished]
             deltas: list[RequestDelta] = []
-            for client in busy:
-                deltas += client.poll(timeout=0.001 if len(busy) > 1 else 0.01)
+            for rank, client in busy:
+                try:
+                    deltas += client.poll(timeout=0.001 if len(busy) > 1 else 0.01)
+                except EngineDeadError as e:
+                    raise EngineDeadError(f"data-parallel engine {rank}: {e}") from None
             if deltas or not busy or (deadline is not None and time.monotonic() >= deadline):
                 for delta in deltas:
                     if delta.finished:
