@@ -29,9 +29,10 @@ from engine.sampling_params import SamplingParams
 BLOCK = 4
 
 
-def engine_core(events: KVEventsConfig, num_blocks: int = 48) -> EngineCore:
+def engine_core(events: KVEventsConfig, num_blocks: int = 48, async_scheduling: bool = False) -> EngineCore:
     config = EngineConfig(load_format="fake", in_process=True, block_size=BLOCK, max_num_seqs=6,
-                          max_model_len=256, num_gpu_blocks_override=num_blocks, kv_events_config=events)
+                          max_model_len=256, num_gpu_blocks_override=num_blocks, kv_events_config=events,
+                          async_scheduling=async_scheduling)
     config.finalize()
     return EngineCore(config, LocalExecutor(config))
 
@@ -96,9 +97,11 @@ def run(core: EngineCore, jobs, check_each_step=None) -> None:
             check_each_step()
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_events_replay_to_exactly_the_cached_block_set_after_every_step(seed):
-    core = engine_core(KVEventsConfig(enable_kv_cache_events=True, publisher="null"), num_blocks=32)
+def test_events_replay_to_exactly_the_cached_block_set_after_every_step(seed, async_scheduling):
+    core = engine_core(KVEventsConfig(enable_kv_cache_events=True, publisher="null"), num_blocks=32,
+                       async_scheduling=async_scheduling)
     recorder = core.kv_event_publisher = Recorder()
     replica = Replica()
     seen = 0
