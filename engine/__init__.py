@@ -15,6 +15,7 @@ from __future__ import annotations
 _EXPORTS = {
     "LLM": "engine.llm",
     "SamplingParams": "engine.sampling_params",
+    "StructuredOutputsParams": "engine.sampling_params",
     "EngineConfig": "engine.config",
     "EngineClient": "engine.client.engine_client",
     "RequestOutput": "engine.outputs",

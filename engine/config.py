@@ -104,6 +104,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     long_prefill_token_threshold: int = 0    # most tokens one request's prefill takes in a step; 0: no cap
     max_logprobs: int = 20
     async_scheduling: bool = False           # schedule step N+1 while step N runs (vLLM's --async-scheduling)
+    # --- structured outputs (engine/core/structured_output.py)
+    grammar_compile_timeout_s: float = 10.0  # a compile past this ends its request with an error
+    grammar_compile_threads: int = 2         # compile pool of the scheduler process
     # --- processes and rings
     in_process: bool = False                 # scheduler and one executor in the caller (debugging, unit tests)
     ring_bytes: int = DEFAULT_RING_BYTES     # the broadcast ring; the others are sized from it; grows
@@ -257,6 +260,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"head_dim {args.head_dim} is not supported by the triton attention backend "
                 f"({', '.join(map(str, TRITON_HEAD_DIMS))}); pass attention_backend='torch'"
             )
+        self._fit_grammar_masks()
 
         if self.max_num_batched_tokens is None:
             default = 8192 if self.resolved_device == "cuda" else 2048
@@ -281,6 +285,26 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                                   f"needs {self.data_parallel_size * tp} GPUs; {torch.cuda.device_count()} visible")
         self.finalized = True
         return self
+
+    @property
+    def grammar_mask_bytes(self) -> int:
+        """The largest per-step grammar bitmask: one packed int32 row per sampling sequence."""
+        return self.max_num_seqs * 4 * ((self.vocab_size + 31) // 32)
+
+    def _fit_grammar_masks(self) -> None:
+        """A step's new requests take at most half the broadcast ring (Scheduler.max_new_request_bytes);
+        the other half carries the columns and the grammar bitmask, so it must hold a full-batch mask."""
+        if self.grammar_compile_timeout_s <= 0:
+            raise ConfigError(f"grammar_compile_timeout_s must be positive, got {self.grammar_compile_timeout_s}")
+        _check_positive("grammar_compile_threads", self.grammar_compile_threads)
+        needed = 2 * (self.grammar_mask_bytes + 64 * self.max_num_seqs + (1 << 20))
+        if self.ring_bytes == DEFAULT_RING_BYTES and needed > self.ring_bytes:
+            self.ring_bytes = -(-needed // (1 << 20)) << 20
+        if self.ring_bytes < needed:
+            raise ConfigError(
+                f"ring_bytes {self.ring_bytes} is too small for the grammar bitmasks of max_num_seqs "
+                f"{self.max_num_seqs} over a {self.vocab_size}-token vocabulary: ring_bytes >= {needed} is needed"
+            )
 
     def _resolve_device(self) -> str:
         if self.device != "auto":

@@ -15,6 +15,7 @@ from engine.client.tokenizer import load_tokenizer
 from engine.config import EngineConfig
 from engine.outputs import CompletionOutput, RequestDelta, RequestOutput, TokenLogprobs
 from engine.sampling_params import SamplingParams
+from engine.structured_spec import validate as validate_structured_outputs
 
 
 class LLM:
@@ -112,6 +113,8 @@ class LLM:
             for index, request in enumerate(requests):
                 if request.params.stop and self.tokenizer is None:
                     raise ValueError("stop strings need a tokenizer (this LLM has skip_tokenizer_init=True)")
+                if request.params.structured_outputs is not None:
+                    validate_structured_outputs(request.params.structured_outputs)
                 request.request_id = str(next(self._ids))
                 for child in range(request.params.n):
                     stream = _Stream(index, request, child, self.tokenizer)
@@ -207,7 +210,9 @@ class _Stream:
         if delta.logprobs:
             self.logprobs.extend(delta.logprobs)
         if delta.finished:
-            self.finished, self.finish_reason, self.stop_reason = True, delta.finish_reason, delta.stop_reason
+            # finish_reason "error" (structured outputs: the grammar failed) puts the message in stop_reason
+            self.finished, self.finish_reason = True, delta.finish_reason
+            self.stop_reason = delta.error if delta.finish_reason == "error" else delta.stop_reason
         if self.detokenizer is not None:
             self.detokenizer.update(new, finished=delta.finished, stop_terminated=self._stop_terminated())
             if self.detokenizer.stop_string is not None and not delta.finished:

@@ -34,7 +34,7 @@ TOKEN = INT32      # token ids, counts, positions, block ids
 FLOAT = FLOAT32    # logprobs
 
 # Finish reasons as they travel: uint8 codes, each an index into engine.outputs.FINISH_REASONS.
-FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = 0, 1, 2
+FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR = 0, 1, 2, 3
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=False, tag_field="k"):
@@ -110,6 +110,7 @@ class EngineOutputs(_Msg, tag="out"):
     prompt_logprobs: list[RequestLogprobs]
     timestamp: float
     stats: SchedulerStats
+    errors: list[tuple[int, str]] = []   # (req, message) for each FINISH_ERROR in finished_reqs
 
 
 class ControlReply(_Msg, tag="reply"):
@@ -136,6 +137,14 @@ class NewRequestData(_Msg, tag="new"):
     num_computed_tokens: int          # tokens already in the KV cache (prefix-cache hits)
 
 
+class GrammarRows(msgspec.Struct, array_like=True):
+    """Token masks for the scheduled requests that sample this step under a grammar; every other row
+    samples unmasked. Row r of `bitmask` belongs to so.reqs[positions[r]]; bit j of word i allows token
+    32*i + j (engine.structured_spec.words_per_row words a row)."""
+    positions: bytes                  # int32 [R], indices into SchedulerOutput.reqs, ascending
+    bitmask: bytes                    # int32 little-endian [R, W]
+
+
 class SchedulerOutput(_Msg, tag="step"):
     step: int
     new_reqs: list[NewRequestData]
@@ -145,6 +154,7 @@ class SchedulerOutput(_Msg, tag="step"):
     new_block_ids: list[tuple[int, bytes]]   # (req, int32 block ids appended to its table)
     finished_reqs: bytes              # int64: drop these (finished, aborted or preempted)
     total_num_scheduled_tokens: int
+    grammar: GrammarRows | None = None   # structured outputs: the token masks of this step's rows
 
 
 class ExecutorCall(_Msg, tag="call"):

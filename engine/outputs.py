@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from engine.errors import EngineDeadError
 
 # Why a request ended, as the APIs spell it; the wire carries the index into this tuple (engine.messages).
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")   # "error": the request alone failed (e.g. its
+                                                        # grammar did not compile); RequestDelta.error says why
 
 __all__ = ["FINISH_REASONS", "CompletionOutput", "EngineDeadError", "RequestDelta", "RequestOutput",
            "TokenLogprobs"]
@@ -31,13 +32,14 @@ class RequestDelta:
     request_id: str
     new_token_ids: list[int]
     finished: bool = False
-    finish_reason: str | None = None            # "stop" | "length" | "abort"
+    finish_reason: str | None = None            # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None        # the stop token id (or stop string) that ended it
     logprobs: list[TokenLogprobs] | None = None # one per new token, when the request asked for logprobs
     prompt_logprobs: list[TokenLogprobs | None] | None = None   # prompt positions covered by this step
     num_cached_tokens: int | None = None        # prefix-cache hits, in the delta after first scheduling
     scheduled_time: float | None = None         # time.monotonic() of first scheduling
     timestamp: float = 0.0                      # time.monotonic() of the engine step
+    error: str | None = None                    # with finish_reason "error": what went wrong, for the user
 
 
 @dataclass(slots=True)

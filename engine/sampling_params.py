@@ -8,13 +8,109 @@ generation_config.json may supply (temperature, top_p, top_k, min_p, repetition_
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import msgspec
 
 SAMPLING_EPS = 1e-5
 MAX_STOP_STRINGS = 64
 MAX_N = 128
+
+# Limits on a structured-outputs spec (specs/structured-outputs-and-tools.md §4). The spec travels in the
+# AddRequest's params, which must fit config.PARAMS_ALLOWANCE (64 KiB), and bounds what one request can
+# make the scheduler's compile pool do.
+MAX_SPEC_BYTES = 32 << 10          # json / grammar / structural_tag, as canonical JSON or text
+MAX_REGEX_BYTES = 4 << 10
+MAX_CHOICES = 256
+MAX_CHOICE_BYTES = 1 << 10
+MAX_JSON_DEPTH = 32                # nesting of the schema document itself
+CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One request's output constraint, with vLLM's names: exactly one of json (a JSON schema, as a dict or
+    its text), regex, choice, grammar (EBNF), json_object (any JSON object) or structural_tag (xgrammar's
+    structural-tag JSON), plus the whitespace and additional-properties options of JSON schemas.
+
+    Checked on construction for what needs no grammar backend: one constraint, types, sizes, nesting. The
+    backend's own parse (invalid schema, regex, grammar; unsupported schema features) is
+    `engine.structured_spec.validate`."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    def __post_init__(self) -> None:
+        given = [name for name in CONSTRAINT_FIELDS if getattr(self, name) not in (None, False)]
+        if len(given) > 1:
+            raise ValueError("structured_outputs: you can only use one kind of structured outputs constraint "
+                             f"but multiple are specified: {', '.join(given)}")
+        if not given:
+            raise ValueError("structured_outputs: no constraint is given; set one of "
+                             + ", ".join(CONSTRAINT_FIELDS))
+        _bool("structured_outputs.disable_any_whitespace", self.disable_any_whitespace)
+        _bool("structured_outputs.disable_additional_properties", self.disable_additional_properties)
+        kind = given[0]
+        value = getattr(self, kind)
+        name = f"structured_outputs.{kind}"
+        if kind == "json_object":
+            _bool(name, value)
+        elif kind in ("json", "structural_tag"):
+            if isinstance(value, str):
+                _limit(name, value, MAX_SPEC_BYTES)
+                try:
+                    document = json.loads(value)
+                except ValueError as e:
+                    raise ValueError(f"{name} is not valid JSON: {e}") from None
+            elif isinstance(value, dict):
+                document = value
+                _limit(name, self.spec_text, MAX_SPEC_BYTES)
+            else:
+                raise ValueError(f"{name} must be a JSON object or its text")
+            if not isinstance(document, (dict, bool)):
+                raise ValueError(f"{name} must be a JSON object (a schema), got {type(document).__name__}")
+            _check_depth(name, document)
+        elif kind == "regex":
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty string")
+            _limit(name, value, MAX_REGEX_BYTES)
+        elif kind == "grammar":
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{name} must be a non-empty EBNF grammar")
+            _limit(name, value, MAX_SPEC_BYTES)
+        elif kind == "choice":
+            if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+                raise ValueError(f"{name} must be a non-empty list of strings")
+            if len(value) > MAX_CHOICES:
+                raise ValueError(f"{name} has {len(value)} items; at most {MAX_CHOICES} are allowed")
+            for item in value:
+                _limit(name, item, MAX_CHOICE_BYTES)
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: one of CONSTRAINT_FIELDS."""
+        return next(name for name in CONSTRAINT_FIELDS if getattr(self, name) not in (None, False))
+
+    @property
+    def spec_text(self) -> str:
+        """The constraint as one string (JSON documents canonicalised), the key of compiled grammars."""
+        value = getattr(self, self.kind)
+        if isinstance(value, dict) or isinstance(value, list):
+            return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        if isinstance(value, bool):
+            return ""
+        return value
+
+    @property
+    def key(self) -> tuple[str, str, bool, bool]:
+        return (self.kind, self.spec_text, self.disable_any_whitespace, self.disable_additional_properties)
 
 # Defaults taken from generation_config.json where a request leaves the field unset.
 GENERATION_CONFIG_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -42,6 +138,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -94,6 +191,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                 raise ValueError("allowed_token_ids must not be empty")
         _bool("skip_special_tokens", self.skip_special_tokens)
         _bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                  StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams")
 
     # ------------------------------------------------------------------ defaults
     def resolved(self, generation_defaults: dict | None = None) -> SamplingParams:
@@ -146,6 +246,25 @@ def generation_defaults(generation_config: dict) -> dict:
 def _bool(name: str, value) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be a boolean, got {value!r}")
+
+
+def _limit(name: str, text: str, limit: int) -> None:
+    size = len(text.encode())
+    if size > limit:
+        raise ValueError(f"{name} is {size} bytes; at most {limit} are allowed")
+
+
+def _check_depth(name: str, document) -> None:
+    """Refuse JSON documents nested deeper than MAX_JSON_DEPTH (iteratively: no recursion to exhaust)."""
+    stack = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"{name} is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
 
 
 def _int(name: str, value, *, low: int | None = None, high: int | None = None) -> None:

@@ -17,10 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "frontend", "shm", "kernels", "tools")
 CONTRACTS = ("engine.config", "engine.errors", "engine.sampling_params", "engine.messages", "engine.outputs",
-             "engine.process", "engine.distributed", "engine.block_hash")
+             "engine.process", "engine.distributed", "engine.block_hash",
+             "engine.structured_spec")
 MODEL_ARGS = ("engine.models.model_args", "engine.models.demo")
 FRONTEND_MAY_USE = ("engine!", "engine.config", "engine.sampling_params", "engine.outputs", "engine.errors",
-                    "engine.client", "frontend")
+                    "engine.structured_spec", "engine.client", "frontend")
 
 # (row name, prefix of the importing module, prefixes it may import, prefixes it may import only lazily)
 RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [

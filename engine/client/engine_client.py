@@ -366,6 +366,8 @@ class EngineClient:
         """The deltas of the next engine step(s) for requests added through add_request()."""
         self._check_alive()
         if self._local is not None:
+            if self._local.only_compiling:
+                time.sleep(0.001)           # waiting for a grammar compile: nothing to step yet
             outputs = self._local.take_rejected() or (self._local.step() if self._local.has_work else None)
             if outputs is not None:
                 self._on_message(outputs)

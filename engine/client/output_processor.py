@@ -51,6 +51,7 @@ class RequestCollector:
         pending.finish_reason = delta.finish_reason
         pending.stop_reason = delta.stop_reason
         pending.timestamp = delta.timestamp
+        pending.error = delta.error
 
     def fail(self, error: EngineDeadError) -> None:
         self.error = error
@@ -106,6 +107,7 @@ def deltas_from_outputs(out: EngineOutputs, by_handle: dict[int, RequestState],
                 state.prompt_logprobs_started = True
                 rows = [None, *rows]
             delta.prompt_logprobs = rows
+    errors = dict(out.errors) if out.errors else None
     finished = unpack(out.finished_reqs, HANDLE).tolist()
     for handle, reason, stop_reason in zip(finished, out.finish_reasons, out.stop_reasons):
         delta = delta_for(handle)
@@ -113,6 +115,8 @@ def deltas_from_outputs(out: EngineOutputs, by_handle: dict[int, RequestState],
             delta.finished = True
             delta.finish_reason = FINISH_REASONS[reason]
             delta.stop_reason = stop_reason
+            if errors is not None:
+                delta.error = errors.get(handle)
             forget(handle)
     return [(states[h], d) for h, d in deltas.items()]
 

@@ -88,6 +88,11 @@ class EngineCore:
             return ControlReply(call_id=call.call_id, ok=False, result=str(e))
 
     @property
+    def only_compiling(self) -> bool:
+        """Every unfinished request waits for its grammar: the loop should wait briefly, not spin."""
+        return self.scheduler.only_compiling and not self.scheduler.has_pending_outputs()
+
+    @property
     def has_work(self) -> bool:
         s = self.scheduler
         return s.has_unfinished_requests() or s.has_pending_outputs() or bool(self._in_flight or self._stashed)
@@ -109,6 +114,7 @@ class EngineCore:
             outputs = self._step_async()
         else:
             so = self.scheduler.schedule()
+            so.grammar = self.scheduler.grammar_rows()   # structured outputs: this step's token masks
             self.step_count += 1
             result = None
             if so.total_num_scheduled_tokens or len(so.finished_reqs) or so.new_reqs:
@@ -121,6 +127,7 @@ class EngineCore:
         if self._stashed:
             return self._stashed.popleft()
         so = self.scheduler.schedule()
+        so.grammar = self.scheduler.grammar_rows()       # structured outputs: this step's token masks
         self.step_count += 1
         if so.total_num_scheduled_tokens or len(so.finished_reqs) or so.new_reqs:
             self.executor.submit(so)

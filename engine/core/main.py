@@ -21,6 +21,8 @@ from engine.process import child_args, error_text, parent_check
 from shm.ring import RingSpec, SpscRing
 from shm.wait import PeerDiedError
 
+COMPILE_POLL_S = 0.002
+
 
 def main() -> int:
     args = child_args()
@@ -73,6 +75,8 @@ def _loop(core: EngineCore, requests: SpscRing, outputs: SpscRing, codec_out: Co
     while True:
         if not core.has_work:
             requests.wait_readable(timeout=None)
+        elif core.only_compiling:                   # nothing to step until a grammar compile ends
+            requests.wait_readable(timeout=COMPILE_POLL_S)
         while (data := requests.try_read()) is not None:
             msg = codec_in.decode(data)
             reply = core.handle(msg)

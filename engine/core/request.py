@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from engine.messages import (
     FINISH_ABORT,
+    FINISH_ERROR,
     FINISH_LENGTH,
     FINISH_STOP,
     TOKEN,
@@ -24,6 +25,7 @@ from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.core.block_pool import KVCacheBlock
+    from engine.core.structured_output import RequestGrammar
 
 
 class RequestStatus(enum.IntEnum):
@@ -33,12 +35,14 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3    # EOS or a stop token
     FINISHED_LENGTH = 4     # max_tokens or max_model_len
     FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6      # this request alone failed (its grammar did not compile, or refused a token)
 
 
 FINISH_CODES = {
     RequestStatus.FINISHED_STOPPED: FINISH_STOP,
     RequestStatus.FINISHED_LENGTH: FINISH_LENGTH,
     RequestStatus.FINISHED_ABORTED: FINISH_ABORT,
+    RequestStatus.FINISHED_ERROR: FINISH_ERROR,
 }
 
 
@@ -48,7 +52,7 @@ class Request:
         "num_computed_tokens", "status", "stop_reason", "arrival_time", "priority", "cache_salt",
         "stop_token_set", "min_tokens", "max_num_tokens", "skip_prefix_cache", "wire_bytes",
         "blocks", "block_hashes", "num_cached_blocks", "num_cached_tokens", "num_preemptions",
-        "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "num_in_flight",
+        "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "num_in_flight", "grammar",
     )
 
     def __init__(
@@ -112,6 +116,8 @@ class Request:
         self.scheduled_ts: float | None = None
         self.first_token_ts: float | None = None
         self.last_token_ts: float | None = None
+        # Structured outputs: the compile, then the matcher (engine/core/structured_output.py).
+        self.grammar: RequestGrammar | None = None
 
     @classmethod
     def from_add_request(cls, msg: AddRequest, max_model_len: int) -> Request:

@@ -32,11 +32,13 @@ from engine.core.block_pool import KVCacheBlock
 from engine.core.kv_cache_manager import KVCacheManager, cdiv
 from engine.core.request import FINISH_CODES, Request, RequestStatus
 from engine.core.request_queue import create_request_queue, pick_preemption_victim
+from engine.core.structured_output import GrammarManager
 from engine.messages import (
     HANDLE,
     TOKEN,
     AddRequest,
     EngineOutputs,
+    GrammarRows,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
@@ -45,7 +47,8 @@ from engine.messages import (
 )
 
 RUNNING, PREEMPTED = RequestStatus.RUNNING, RequestStatus.PREEMPTED
-FINISHED_ABORTED = RequestStatus.FINISHED_ABORTED
+FINISHED_ABORTED, FINISHED_ERROR = RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR
+FINISHED_STOPPED = RequestStatus.FINISHED_STOPPED
 
 
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -112,6 +115,13 @@ class Scheduler:
         # sample is in flight is scheduled as if that token were known (the executors append it
         # themselves); one whose remaining tokens are all in flight waits.
         self.async_scheduling = config.async_scheduling
+        self._errors: list[tuple[int, str]] = []
+        # Structured outputs: requests wait in `compiling` (outside the queue, so they block nobody) until
+        # their grammar is ready; `structured` holds the unfinished ones with a matcher.
+        self.grammars = GrammarManager(config)
+        self.compiling: list[Request] = []
+        self.structured: dict[int, Request] = {}
+        self._step_columns: tuple[list[int], list[int], list[int]] = ([], [], [])
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, msg: AddRequest) -> None:
@@ -132,6 +142,10 @@ class Scheduler:
                                                      len(_params_size(msg.params)))
         self.kv_cache_manager.hash_new_blocks(request)
         self.requests[request.req] = request
+        if msg.params.structured_outputs is not None:
+            request.grammar = self.grammars.submit(msg.params.structured_outputs, msg.eos_token_ids)
+            self.compiling.append(request)
+            return
         self.waiting.add(request)
 
     def abort_requests(self, reqs: Iterable[int]) -> None:
@@ -143,6 +157,8 @@ class Scheduler:
                 continue
             if request.status is RUNNING:
                 aborted_running = True
+            elif request.grammar is not None and request.grammar.matcher is None:
+                self.compiling.remove(request)
             else:
                 self.waiting.remove(request)
             self._finish(request, FINISHED_ABORTED)
@@ -151,6 +167,11 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    @property
+    def only_compiling(self) -> bool:
+        """True when every unfinished request waits for its grammar: a step would have nothing to do."""
+        return bool(self.compiling) and len(self.compiling) == len(self.requests)
 
     def has_pending_outputs(self) -> bool:
         """True while finished requests (e.g. aborts) wait to be reported in an EngineOutputs."""
@@ -184,6 +205,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Hand out this step's token budget; advance num_computed_tokens of everything scheduled."""
         self.step += 1
+        if self.compiling:
+            self._check_compiles()
         budget = self.max_num_batched_tokens
         block_size = self.block_size
         max_chunk = self.max_prefill_chunk
@@ -205,6 +228,9 @@ class Scheduler:
             num_computed = request.num_computed_tokens
             num_tokens = len(request.all_token_ids)
             if self.async_scheduling and request.num_in_flight:
+                if request.grammar is not None:
+                    i += 1          # its next mask depends on the token in flight: it waits for it
+                    continue
                 num_tokens += request.num_in_flight
                 if num_tokens >= request.max_num_tokens:
                     i += 1          # its last token is in flight: it finishes when that arrives
@@ -247,6 +273,7 @@ class Scheduler:
         total = self.max_num_batched_tokens - budget
         if num_samples:
             self._expected_samples[self.step] = num_samples
+        self._step_columns = (handles, counts, computed)
         # Drops ride on a step that reaches the executors; an empty step is skipped by the engine loop.
         dropped = b""
         if total and self._dropped_reqs:
@@ -262,6 +289,39 @@ class Scheduler:
             finished_reqs=dropped,
             total_num_scheduled_tokens=total,
         )
+
+    def _check_compiles(self) -> None:
+        """Requests whose grammar is ready join the queue; failed or overdue compiles end their request."""
+        still = []
+        for request in self.compiling:
+            error = self.grammars.poll(request.grammar, request.eos_token_ids)
+            if error is not None:
+                self._finish(request, FINISHED_ERROR, error)
+            elif request.grammar.matcher is None:
+                still.append(request)
+            else:
+                self.structured[request.req] = request
+                self.waiting.add(request)
+        self.compiling = still
+
+    def grammar_rows(self) -> GrammarRows | None:
+        """The token masks of the last schedule()'s rows that sample under a grammar (None: no such row).
+        O(batch) only while structured requests exist; the fill itself is one batched call."""
+        structured = self.structured
+        if not structured:
+            return None
+        handles, counts, computed = self._step_columns
+        positions, matchers = [], []
+        for position, handle in enumerate(handles):
+            request = structured.get(handle)
+            if request is None or computed[position] + counts[position] != len(request.all_token_ids):
+                continue
+            if not request.grammar.terminated:       # a finished grammar (ignore_eos) samples freely
+                positions.append(position)
+                matchers.append(request.grammar.matcher)
+        if not matchers:
+            return None
+        return self.grammars.fill(positions, matchers)
 
     def _schedule_waiting(
         self,
@@ -411,9 +471,10 @@ class Scheduler:
             prompt_logprobs=prompt_logprobs,
             timestamp=now,
             stats=self.make_stats(),
+            errors=self._errors,
         )
         self._finished_reqs, self._finish_reasons, self._stop_reasons = [], [], []
-        self._first_scheduled = []
+        self._first_scheduled, self._errors = [], []
         return outputs
 
     def _apply_samples(self, step: int, handles: list[int], tokens: list[int], now: float) -> set[int]:
@@ -440,10 +501,13 @@ class Scheduler:
                 request.first_token_ts = now
             request.last_token_ts = now
             finished = request.append_token(token)
+            grammar = request.grammar
+            if grammar is not None and not grammar.terminated:
+                finished = self._advance_grammar(request, token, finished)
             if finished is not None:
                 if request.status is PREEMPTED:       # async: preempted while its last step ran
                     self.waiting.remove(request)
-                self._finish(request, finished)
+                self._finish(request, finished, self._grammar_error(request, token, finished))
                 any_finished = True
             elif caching:
                 if len(request.all_token_ids) % block_size == 0:
@@ -455,9 +519,26 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is RUNNING]
         return gone
 
-    def _finish(self, request: Request, status: RequestStatus) -> None:
+    def _advance_grammar(self, request: Request, token: int, finished: RequestStatus | None) -> RequestStatus | None:
+        """Feed a sampled token to the request's matcher. The mask makes a refusal impossible, so one is an
+        engine fault: it ends this request with an error, never the process. A grammar that has ended (it
+        took an EOS) ends the request even under min_tokens (the grammar wins), unless ignore_eos."""
+        if not self.grammars.accept(request.grammar, token):
+            return FINISHED_ERROR
+        if finished is None and request.grammar.terminated and not request.params.ignore_eos:
+            return FINISHED_STOPPED
+        return finished
+
+    @staticmethod
+    def _grammar_error(request: Request, token: int, finished: RequestStatus) -> str | None:
+        if finished is not FINISHED_ERROR:
+            return None
+        print(f"ringserve: request {request.req}: the grammar refused sampled token {token}", file=sys.stderr)
+        return f"structured_outputs: internal error: the grammar refused the sampled token {token}"
+
+    def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
         """Mark a request finished, free its blocks (tail first) and queue the news; the caller takes it
-        out of `running` (in one pass for all the step's finishes)."""
+        out of `running` (in one pass for all the step's finishes). FINISHED_ERROR carries `error`."""
         if request.status is RUNNING:
             self._dropped_reqs.append(request.req)
         request.status = status
@@ -466,6 +547,10 @@ class Scheduler:
         request.num_computed_tokens = min(request.num_computed_tokens, len(request.all_token_ids) - 1)
         self.kv_cache_manager.free(request)
         del self.requests[request.req]
+        if request.grammar is not None:
+            self.structured.pop(request.req, None)
+        if status is FINISHED_ERROR:
+            self._errors.append((request.req, error or "the request failed"))
         self._finished_reqs.append(request.req)
         self._finish_reasons.append(FINISH_CODES[status])
         self._stop_reasons.append(request.stop_reason)

@@ -3,6 +3,10 @@
 It runs the executor's whole per-step path (the diff, the persistent batch, input preparation) but no
 model and no torch: the next token is a fixed function of the last one. So a step's time is what the
 engine itself costs.
+
+Grammar rows (structured outputs) are honoured adversarially: the fake's preferred token is usually one
+the grammar forbids, and the row then takes the first allowed token after it (cyclically), as a model whose
+maximum logit sits on a forbidden token would after masking.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import numpy as np
 from engine.config import EngineConfig
 from engine.executor.input_batch import InputBatch
 from engine.messages import HANDLE, TOKEN, ModelRunnerOutput, SchedulerOutput, unpack
+from engine.structured_spec import grammar_sample_rows, unpack_allowed, words_per_row
 
 
 class FakeModelRunner:
@@ -47,11 +52,22 @@ class FakeModelRunner:
             time.sleep(self.config.fake_step_us / 1e6)
         last = inputs.input_ids[inputs.logits_indices]
         sampled = ((last * 7 + 13) % self.config.vocab_size).astype(np.int32)
+        if so.grammar is not None:
+            self._apply_grammar(so, inputs.sample_positions, sampled)
         batch.append_sampled(inputs.sample_rows, sampled)
         return ModelRunnerOutput(
             step=so.step, reqs=inputs.sample_reqs.astype(HANDLE).tobytes(),
             sampled_token_ids=sampled.tobytes(), logprobs=[], prompt_logprobs=[],
         )
+
+    def _apply_grammar(self, so: SchedulerOutput, sample_positions: np.ndarray, sampled: np.ndarray) -> None:
+        vocab = self.config.vocab_size
+        bitmask, index = grammar_sample_rows(so.grammar, sample_positions, words_per_row(vocab))
+        allowed = unpack_allowed(bitmask, vocab)
+        for mask_row, sample_row in enumerate(index.tolist()):
+            ids = np.flatnonzero(allowed[mask_row])
+            if len(ids):
+                sampled[sample_row] = ids[np.searchsorted(ids, sampled[sample_row]) % len(ids)]
 
     def start_profile(self, directory: str) -> str:
         return "the fake model has nothing to profile"

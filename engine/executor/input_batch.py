@@ -42,6 +42,7 @@ class StepInputs:
     sample_rows: np.ndarray          # int64 [S]: rows that sample this step
     sample_reqs: np.ndarray          # int64 [S]: their handles
     prompt_logprobs: list[PromptLogprobsPlan]
+    sample_positions: np.ndarray | None = None   # int64 [S]: their positions in SchedulerOutput.reqs
 
     @property
     def num_tokens(self) -> int:
@@ -167,6 +168,7 @@ class InputBatch:
             sample_rows=rows[samples],
             sample_reqs=reqs[samples],
             prompt_logprobs=plans,
+            sample_positions=np.flatnonzero(samples),
         )
 
     def _prompt_logprob_plans(self, reqs, rows, num_computed, num_scheduled, cu_tokens):

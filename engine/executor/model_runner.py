@@ -21,12 +21,15 @@ from engine.messages import (
     FLOAT,
     HANDLE,
     TOKEN,
+    GrammarRows,
     Logprobs,
     ModelRunnerOutput,
     RequestLogprobs,
     SchedulerOutput,
     unpack,
 )
+from engine.sample.grammar_mask import GrammarMask
+from engine.structured_spec import grammar_sample_rows, words_per_row
 from engine.sample.transfer import to_device
 
 logger = logging.getLogger(__name__)
@@ -66,6 +69,7 @@ class ModelRunner:
         self.sampling = SamplingBatch(self.config.max_num_seqs, self.config.vocab_size, self.device,
                                       self.config.seed)
         self.sampler = Sampler()
+        self.words_per_row = words_per_row(self.config.vocab_size)
 
     @property
     def bytes_per_block(self) -> int:
@@ -195,7 +199,7 @@ class ModelRunner:
         inputs = self.batch.prepare(so)
         with torch.inference_mode():
             hidden = self.forward(inputs)
-            sampled, logprobs = self.sample(hidden, inputs)
+            sampled, logprobs = self.sample(hidden, inputs, so.grammar)
             prompt_logprobs = self.prompt_logprobs(hidden, inputs) if inputs.prompt_logprobs else []
         self.batch.append_sampled(inputs.sample_rows, sampled)
         self.sampling.append_tokens(inputs.sample_rows, sampled)
@@ -249,13 +253,20 @@ class ModelRunner:
         )
         return metadata, put(inputs.input_ids), put(inputs.positions)
 
-    def sample(self, hidden: torch.Tensor, inputs: StepInputs) -> tuple[np.ndarray, list[RequestLogprobs]]:
+    def sample(self, hidden: torch.Tensor, inputs: StepInputs,
+               grammar_rows: GrammarRows | None = None) -> tuple[np.ndarray, list[RequestLogprobs]]:
         if not len(inputs.sample_rows):
             return np.zeros(0, dtype=np.int32), []
         index = to_device(inputs.logits_indices, hidden.device)       # no sync behind the replayed graph
         logits = self.model.compute_logits(hidden.index_select(0, index))
         metadata = self.sampling.metadata(inputs.sample_rows)
-        out = self.sampler(logits, metadata)
+        grammar = None
+        if grammar_rows is not None:
+            # Outside the CUDA graph (it covers the forward only), before the sampler: logprobs see it.
+            logits = logits.float().contiguous()
+            bitmask, rows = grammar_sample_rows(grammar_rows, inputs.sample_positions, self.words_per_row)
+            grammar = GrammarMask.apply(logits, bitmask, rows, keep=metadata.modifies_logits)
+        out = self.sampler(logits, metadata, grammar)
         sampled = out.sampled_token_ids.cpu().numpy().astype(np.int32)
         if out.logprobs is None:
             return sampled, []

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.sample.grammar_mask import GrammarMask
 from engine.sample.logprobs import LogprobsTensors, compute_logprobs
 from engine.sample.metadata import PenaltyTensors, SamplingGroup, SamplingMetadata
 from engine.sample.transfer import to_device
@@ -65,7 +66,10 @@ class Sampler:
         self._scratch2 = Workspace()
         self._raw = Workspace()          # raw logits kept for logprobs when processing overwrites them
 
-    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata,
+                 grammar: GrammarMask | None = None) -> SamplerOutput:
+        """grammar: the structured-output rows, already masked by the caller (so logprobs see the mask);
+        here only their empty-row fallback runs, after the logit processors."""
         md = metadata
         if logits.dim() != 2 or tuple(logits.shape) != (md.num_rows, md.vocab_size):
             raise ValueError(f"logits must have shape ({md.num_rows}, {md.vocab_size}), got {tuple(logits.shape)}")
@@ -74,6 +78,8 @@ class Sampler:
         if md.logprob_rows_tensor is not None:
             raw = self._raw_logits(logits, md)
         apply_logits_processors(logits, md)
+        if grammar is not None:
+            grammar.restore_empty_rows(logits)
         block_max = block_reduce(logits, torch.amax)
 
         if md.all_greedy:

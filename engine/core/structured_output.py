@@ -1,0 +1,150 @@
+"""Structured outputs in the scheduler: grammar compiles off the step loop, one matcher per request, and the
+per-step token bitmask that travels to the executors with the SchedulerOutput.
+
+- `submit` starts (or joins) the compile of a request's constraint on a small thread pool; compiles are
+  keyed by the constraint, so the n children of one API request and repeated schemas share one compile
+  (an LRU of key -> Future). xgrammar's compile releases the GIL, so the step loop keeps running.
+- `poll` tells the scheduler whether a waiting request's grammar is ready (it then gets its own matcher,
+  with the request's EOS ids as the grammar's stop tokens), failed, or past its deadline.
+- `fill` writes the masks of this step's sampling rows into one preallocated [max_num_seqs, W] int32 buffer
+  in a single batched call (C++ threads, no GIL) and returns them as `GrammarRows`.
+- `accept` advances a matcher by the sampled token.
+
+xgrammar and the tokenizer are imported and loaded in the compile worker at the first structured request:
+the scheduler process stays torch-free until then (xgrammar imports torch).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from engine.config import EngineConfig
+from engine.messages import GrammarRows
+from engine.sampling_params import StructuredOutputsParams
+from engine.structured_spec import to_grammar, words_per_row
+
+MAX_CACHED_GRAMMARS = 256
+
+
+class RequestGrammar:
+    """One request's grammar state: the shared compile, then its own matcher."""
+
+    __slots__ = ("future", "deadline", "matcher")
+
+    def __init__(self, future: Future, deadline: float) -> None:
+        self.future = future
+        self.deadline = deadline
+        self.matcher = None
+
+    @property
+    def terminated(self) -> bool:
+        return self.matcher is not None and self.matcher.is_terminated()
+
+
+class GrammarManager:
+    def __init__(self, config: EngineConfig) -> None:
+        self.vocab_size = config.vocab_size
+        self.words = words_per_row(config.vocab_size)
+        self.max_rows = config.max_num_seqs
+        self.timeout_s = config.grammar_compile_timeout_s
+        self.tokenizer_path = config.tokenizer_path
+        self.has_tokenizer = not config.skip_tokenizer_init
+        self._threads = config.grammar_compile_threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: OrderedDict[tuple, Future] = OrderedDict()
+        self._compiler = None
+        self._compiler_lock = threading.Lock()
+        self._stop_token_ids: list[int] = []
+        self._batch = None
+        self._bitmask: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ compile
+    def submit(self, so: StructuredOutputsParams, eos_token_ids: list[int]) -> RequestGrammar:
+        """Start or join the compile of `so`; the request waits for it (see poll)."""
+        key = so.key
+        future = self._futures.get(key)
+        if future is None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="ringserve-grammar")
+                self._stop_token_ids = list(eos_token_ids)
+            future = self._pool.submit(self._compile, so)
+            self._futures[key] = future
+            if len(self._futures) > MAX_CACHED_GRAMMARS:
+                self._futures.popitem(last=False)
+        else:
+            self._futures.move_to_end(key)
+        return RequestGrammar(future, time.monotonic() + self.timeout_s)
+
+    def poll(self, grammar: RequestGrammar, eos_token_ids: list[int]) -> str | None:
+        """None when the grammar is ready (its matcher made) or still compiling (matcher None); else the
+        error that ends the request."""
+        future = grammar.future
+        if not future.done():
+            if time.monotonic() > grammar.deadline:
+                self._forget(future)
+                return (f"structured_outputs: compiling the grammar took longer than {self.timeout_s:g} s "
+                        "(--grammar-compile-timeout); simplify the schema or pattern")
+            return None
+        error = future.exception()
+        if error is not None:
+            self._forget(future)
+            text = str(error)
+            return text if isinstance(error, ValueError) else f"structured_outputs: compile failed: {text}"
+        import xgrammar as xgr
+
+        grammar.matcher = xgr.GrammarMatcher(future.result(), override_stop_tokens=eos_token_ids or None)
+        return None
+
+    def _forget(self, future: Future) -> None:
+        """A failed or overdue compile leaves the cache, so that a repeat of the spec tries again."""
+        for key, cached in list(self._futures.items()):
+            if cached is future:
+                del self._futures[key]
+
+    def _compile(self, so: StructuredOutputsParams):
+        compiler = self._get_compiler()
+        return compiler.compile_grammar(to_grammar(so))
+
+    def _get_compiler(self):
+        with self._compiler_lock:
+            if self._compiler is None:
+                if not self.has_tokenizer:
+                    raise ValueError("structured_outputs need the tokenizer, and this engine runs with "
+                                     "skip_tokenizer_init")
+                import xgrammar as xgr
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, use_fast=True,
+                                                          local_files_only=True)
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=self._stop_token_ids or None)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=self._threads,
+                                                     cache_limit_bytes=256 << 20)
+            return self._compiler
+
+    # ------------------------------------------------------------------ per step
+    def fill(self, positions: list[int], matchers: list) -> GrammarRows:
+        """The masks of `matchers` (this step's sampling rows at `positions` in the batch), batched."""
+        if self._batch is None:
+            import xgrammar as xgr
+
+            self._batch = xgr.BatchGrammarMatcher(max(1, min(4, (os.cpu_count() or 2) // 2)))
+            self._bitmask = np.empty((self.max_rows, self.words), dtype=np.int32)
+        rows = self._bitmask[: len(matchers)]
+        self._batch.batch_fill_next_token_bitmask(matchers, rows)
+        return GrammarRows(positions=np.asarray(positions, dtype="<i4").tobytes(), bitmask=rows.tobytes())
+
+    @staticmethod
+    def accept(grammar: RequestGrammar, token_id: int) -> bool:
+        """Advance the matcher by a token sampled under its mask; False if the grammar refuses it."""
+        return grammar.matcher.accept_token(token_id)
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
