@@ -101,8 +101,11 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     @property
     def spec_text(self) -> str:
         """The constraint as one string (JSON documents canonicalised), the key of compiled grammars."""
-        value = getattr(self, self.kind)
-        if isinstance(value, dict) or isinstance(value, list):
+        kind = self.kind
+        value = getattr(self, kind)
+        if kind in ("json", "structural_tag") and isinstance(value, str):
+            value = json.loads(value)
+        if isinstance(value, (dict, list)):
             return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         if isinstance(value, bool):
             return ""

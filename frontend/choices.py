@@ -133,6 +133,9 @@ async def stream_choice(engine, choice: Choice, *, priority: int = 0, cache_salt
     rejected = False
     try:
         async for delta in stream:
+            if delta.finish_reason == "error":      # this request alone failed in the engine (its grammar)
+                choice.process(delta)
+                raise ValueError(delta.error or "the request failed in the engine")
             text = choice.process(delta)
             yield choice, text, delta
             if choice.finish_reason is not None:

@@ -6,10 +6,23 @@ text, one token at a time (a token that is part of a multi-byte character shows 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from engine.client.detokenizer import backend_tokenizer
 from engine.outputs import TokenLogprobs
+
+# JSON has no -inf (orjson would write null). A token masked by a grammar has logprob -inf: as the chosen
+# token it is shown as -9999.0 (vLLM's clamp), and in a top-k list it is left out (it had no chance).
+LOGPROB_FLOOR = -9999.0
+
+
+def _shown(logprob: float) -> float:
+    return logprob if logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def _top(token_ids: Sequence[int], logprobs: Sequence[float]) -> list[tuple[int, float]]:
+    return [(t, lp) for t, lp in zip(token_ids, logprobs, strict=True) if lp != -math.inf]
 
 
 class TokenStrings:
@@ -47,9 +60,9 @@ def completion_logprobs(token_ids: Sequence[int], rows: Sequence[TokenLogprobs |
             token_logprobs.append(None)
             top_logprobs.append(None)
             continue
-        token_logprobs.append(row.logprobs[0])
-        top = {strs(t): lp for t, lp in zip(row.token_ids[1:], row.logprobs[1:], strict=True)}
-        top.setdefault(token, row.logprobs[0])
+        token_logprobs.append(_shown(row.logprobs[0]))
+        top = {strs(t): lp for t, lp in _top(row.token_ids[1:], row.logprobs[1:])}
+        top.setdefault(token, _shown(row.logprobs[0]))
         top_logprobs.append(top)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": offsets}, text_offset
@@ -61,10 +74,10 @@ def chat_logprobs(rows: Sequence[TokenLogprobs], strs: TokenStrings, top_logprob
     for row in rows:
         token = strs(row.token_ids[0])
         top = []
-        for t, lp in zip(row.token_ids[1:1 + top_logprobs], row.logprobs[1:1 + top_logprobs], strict=True):
+        for t, lp in _top(row.token_ids[1:1 + top_logprobs], row.logprobs[1:1 + top_logprobs]):
             text = strs(t)
             top.append({"token": text, "logprob": lp, "bytes": list(text.encode())})
-        content.append({"token": token, "logprob": row.logprobs[0], "bytes": list(token.encode()),
+        content.append({"token": token, "logprob": _shown(row.logprobs[0]), "bytes": list(token.encode()),
                         "top_logprobs": top})
     return {"content": content}
 
@@ -78,7 +91,7 @@ def prompt_logprobs_json(rows: Sequence[TokenLogprobs | None], strs: TokenString
             continue
         entry = {}
         for column, (t, lp) in enumerate(zip(row.token_ids, row.logprobs, strict=True)):
-            entry.setdefault(str(t), {"logprob": lp, "rank": row.rank if column == 0 else column,
+            entry.setdefault(str(t), {"logprob": _shown(lp), "rank": row.rank if column == 0 else column,
                                       "decoded_token": strs(t)})
         out.append(entry)
     return out

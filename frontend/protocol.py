@@ -37,6 +37,38 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
+class StructuredOutputsRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's `structured_outputs` object (checked further by engine.sampling_params.StructuredOutputsParams)."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None     # refused: xgrammar has no equivalent
+    backend: str | None = None                # xgrammar or auto
+
+
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: ShortStr | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """OpenAI's response_format: text, json_object, json_schema; vLLM's structural_tag (both forms)."""
+
+    type: Annotated[str, Meta(max_length=MAX_ID_CHARS)]
+    json_schema: JsonSchemaFormat | None = None
+    format: dict[str, Any] | None = None                  # structural_tag
+    structures: list[dict[str, Any]] | None = None        # structural_tag, legacy form
+    triggers: list[str] | None = None
+
+
 class SamplingRequest(msgspec.Struct, kw_only=True):
     """The fields that completions and chat share: the model, sampling and stopping."""
 
@@ -66,6 +98,15 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     prompt_logprobs: NonNegativeInt | None = None
     cache_salt: ShortStr | None = None
     priority: int = 0
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs, and the old guided_* aliases
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: ShortStr | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -93,18 +134,12 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
 Messages = Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
 
 
-class ResponseFormat(msgspec.Struct, kw_only=True):
-    type: Annotated[str, Meta(max_length=MAX_ID_CHARS)]
-    json_schema: dict[str, Any] | None = None
-
-
 class ChatCompletionRequest(SamplingRequest, kw_only=True):
     messages: Messages
     # Accepted so that they are refused with a clear message (serving_chat.check_unsupported), not ignored.
     tools: Annotated[list[dict[str, Any]], Meta(max_length=1024)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

@@ -14,6 +14,7 @@ from frontend.logprobs import chat_logprobs, prompt_logprobs_json
 from frontend.protocol import ChatCompletionRequest
 from frontend.responses import DisconnectAwareResponse, sse_event
 from frontend.serving_engine import GenerationJob, OpenAIServing
+from frontend.structured_outputs import structured_outputs
 
 _NAMES = {"logprobs": "top_logprobs"}
 
@@ -28,6 +29,7 @@ class OpenAIServingChat(OpenAIServing):
         if req.top_logprobs is not None and not req.logprobs:
             raise invalid("top_logprobs needs logprobs to be true", "top_logprobs")
         check_unsupported(req)
+        structured, structured_param = await structured_outputs(req)
         prompt = await self.chat_prompt(req, req.add_special_tokens)
 
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -35,7 +37,8 @@ class OpenAIServingChat(OpenAIServing):
         if max_tokens is None:
             max_tokens, max_tokens_param = req.max_tokens, "max_tokens"
         names = {**_NAMES, "max_tokens": max_tokens_param}
-        params = self.sampling_params(req, logprobs=logprobs, prompt_logprobs=req.prompt_logprobs, names=names)
+        params = self.sampling_params(req, logprobs=logprobs, prompt_logprobs=req.prompt_logprobs, names=names,
+                                      structured_outputs=structured)
         params = self.prompt_params(params, len(prompt), max_tokens, max_tokens_param, "messages")
         response_id = self.new_id("chatcmpl")
         job = GenerationJob(
@@ -45,6 +48,7 @@ class OpenAIServingChat(OpenAIServing):
             prompt_tokens=len(prompt), stream=req.stream, include_usage=req.include_usage, logprobs=logprobs,
             priority=req.priority, cache_salt=req.cache_salt, prompt_logprobs=req.prompt_logprobs is not None,
             data_parallel_rank=self.data_parallel_rank(request),
+            structured=structured_param,
         )
         return self.respond(job)
 
@@ -82,7 +86,7 @@ class OpenAIServingChat(OpenAIServing):
 
 def check_unsupported(req: ChatCompletionRequest) -> None:
     """Refuse what ringserve cannot do rather than answer as if it had been done (as vLLM does when it
-    runs without a tool-call parser or a guided-decoding backend)."""
+    runs without a tool-call parser)."""
     if req.tools:
         # OpenAI's default tool_choice is "auto" when tools are given.
         if req.tool_choice != "none":
@@ -92,9 +96,6 @@ def check_unsupported(req: ChatCompletionRequest) -> None:
                 "then left out of the prompt)", "tool_choice")
     elif req.tool_choice not in (None, "none"):
         raise invalid("tool_choice is set but no tools are given", "tool_choice")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise invalid(f"response_format type {req.response_format.type!r} (structured output) is not "
-                      "supported; only 'text' is", "response_format.type")
 
 
 def echo_texts(req: ChatCompletionRequest) -> list[str] | None:

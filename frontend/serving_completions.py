@@ -13,6 +13,7 @@ from frontend.logprobs import completion_logprobs, prompt_logprobs_json
 from frontend.protocol import MAX_PROMPTS, CompletionRequest
 from frontend.responses import DisconnectAwareResponse
 from frontend.serving_engine import GenerationJob, OpenAIServing
+from frontend.structured_outputs import structured_outputs
 
 _PROMPT_KINDS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
@@ -33,7 +34,9 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_logprobs = req.prompt_logprobs
         if req.echo and req.logprobs is not None:   # echoed prompt tokens carry logprobs too
             prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
-        params = self.sampling_params(req, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs, names={})
+        structured, structured_param = await structured_outputs(req)
+        params = self.sampling_params(req, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs, names={},
+                                      structured_outputs=structured)
         per_prompt = [self.prompt_params(params, len(ids), req.max_tokens, "max_tokens", "prompt")
                       for ids in prompts]
         echo_texts = None
@@ -47,6 +50,7 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_tokens=sum(map(len, prompts)), stream=req.stream, include_usage=req.include_usage,
             logprobs=req.logprobs, priority=req.priority, cache_salt=req.cache_salt, echo=req.echo,
             prompt_logprobs=req.prompt_logprobs is not None, data_parallel_rank=self.data_parallel_rank(request),
+            structured=structured_param,
         )
         return self.respond(job)
 

@@ -23,7 +23,7 @@ from starlette.types import Send
 
 from engine.client.detokenizer import Detokenizer, backend_tokenizer
 from engine.outputs import RequestDelta
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from frontend.chat_template import ChatTemplate, template_messages
 from frontend.choices import Choice, ChoiceEvent, merge_streams, stream_choice
 from frontend.config import ServerConfig
@@ -77,6 +77,9 @@ class GenerationJob:
     echo: bool = False
     prompt_logprobs: bool = False           # vLLM's prompt_logprobs asked for (shown in the response)
     data_parallel_rank: int | None = None   # X-data-parallel-rank: the engine this request is pinned to
+    structured: str | None = None           # the field of its grammar constraint, if any: a stream then
+                                            # holds its headers for the first event, so that a grammar the
+                                            # engine fails on (a compile past its deadline) is still a 400
 
 
 class OpenAIServing:
@@ -168,7 +171,8 @@ class OpenAIServing:
             raise invalid(f"token id {bad} is outside the vocabulary [0, {vocab})", param)
 
     def sampling_params(self, req: SamplingRequest, *, logprobs: int | None, prompt_logprobs: int | None,
-                        names: dict[str, str]) -> SamplingParams:
+                        names: dict[str, str],
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         """The request's SamplingParams (n kept, max_tokens set per prompt later), resolved and checked.
 
         `names` maps SamplingParams fields to this endpoint's request fields, for error messages.
@@ -189,6 +193,7 @@ class OpenAIServing:
                 logit_bias=logit_bias, allowed_token_ids=req.allowed_token_ids,
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
+                structured_outputs=structured_outputs,
             ).resolved(self.ctx.generation_defaults)
             params.validate_against(vocab_size=self.ctx.vocab_size, max_logprobs=self.ctx.max_logprobs)
         except ValueError as e:
@@ -255,21 +260,35 @@ class OpenAIServing:
         return streams[0] if len(streams) == 1 else merge_streams(streams)
 
     async def _stream(self, job: GenerationJob, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        async with aclosing(self._events(job)) as events:
+            first = None
+            if job.structured:
+                try:
+                    first = await events.__anext__()
+                except StopAsyncIteration:
+                    pass
+                except Exception as e:  # nothing was sent yet: answer with the error's own status
+                    await self._send_error(send, e, job)
+                    return
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await self._stream_events(job, send, events, first)
+
+    async def _stream_events(self, job: GenerationJob, send: Send, events: AsyncIterator[ChoiceEvent],
+                             first: ChoiceEvent | None) -> None:
         body = "http.response.body"
         try:
             for chunk in self._prelude(job):
                 await send({"type": body, "body": chunk, "more_body": True})
             with_logprobs = job.logprobs is not None
-            async with aclosing(self._events(job)) as events:
-                async for choice, text, delta in events:
-                    if choice.finish_reason is None and not with_logprobs:
-                        if not text:
-                            continue
-                        chunk = choice.chunk_head + orjson.dumps(text) + choice.chunk_tail
-                    else:
-                        chunk = sse_event(self._chunk(job, choice, text, delta))
-                    await send({"type": body, "body": chunk, "more_body": True})
+
+            async for choice, text, delta in (events if first is None else _prepend(first, events)):
+                if choice.finish_reason is None and not with_logprobs:
+                    if not text:
+                        continue
+                    chunk = choice.chunk_head + orjson.dumps(text) + choice.chunk_tail
+                else:
+                    chunk = sse_event(self._chunk(job, choice, text, delta))
+                await send({"type": body, "body": chunk, "more_body": True})
             if job.include_usage:
                 await send({"type": body, "body": sse_event(self._usage_chunk(job)), "more_body": True})
         except Exception as e:  # the stream has started: report in-band, then end it properly
@@ -280,6 +299,15 @@ class OpenAIServing:
                         "more_body": True})
         await send({"type": body, "body": SSE_DONE, "more_body": False})
 
+    async def _send_error(self, send: Send, e: Exception, job: GenerationJob) -> None:
+        error = _with_param(from_engine_error(e), job)
+        if error.status == 500:
+            logger.exception("request %s failed", job.response_id)
+        await send({"type": "http.response.start", "status": error.status, "headers": JSON_HEADERS})
+        await send({"type": "http.response.body", "body": orjson.dumps(error_body(error.status, error.message,
+                                                                                  error.param)),
+                    "more_body": False})
+
     async def _complete(self, job: GenerationJob, send: Send) -> None:
         try:
             async with aclosing(self._events(job)) as events:
@@ -287,7 +315,7 @@ class OpenAIServing:
                     pass
             status, body = 200, self._response_body(job)
         except Exception as e:
-            error = from_engine_error(e)
+            error = _with_param(from_engine_error(e), job)
             if error.status == 500:
                 logger.exception("request %s failed", job.response_id)
             status, body = error.status, error_body(error.status, error.message, error.param)
@@ -328,3 +356,16 @@ class OpenAIServing:
     def _response_body(self, job: GenerationJob) -> dict:
         raise NotImplementedError
 
+
+
+async def _prepend(first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
+    yield first
+    async for event in events:
+        yield event
+
+
+def _with_param(error: ApiError, job: GenerationJob) -> ApiError:
+    """An engine-side failure of a structured request (its grammar) names the constraint's field."""
+    if error.status == 400 and error.param is None and job.structured is not None:
+        error.param = job.structured
+    return error

@@ -32,14 +32,24 @@ from engine.structured_spec import to_grammar, words_per_row
 MAX_CACHED_GRAMMARS = 256
 
 
+class CompileJob:
+    """One compile, shared by every request with the same constraint. Its deadline runs from when the
+    compile starts, so time spent queued or loading xgrammar and the vocabulary (first request) is free."""
+
+    __slots__ = ("future", "started")
+
+    def __init__(self) -> None:
+        self.future: Future | None = None
+        self.started: float | None = None
+
+
 class RequestGrammar:
     """One request's grammar state: the shared compile, then its own matcher."""
 
-    __slots__ = ("future", "deadline", "matcher")
+    __slots__ = ("job", "matcher")
 
-    def __init__(self, future: Future, deadline: float) -> None:
-        self.future = future
-        self.deadline = deadline
+    def __init__(self, job: CompileJob) -> None:
+        self.job = job
         self.matcher = None
 
     @property
@@ -57,7 +67,7 @@ class GrammarManager:
         self.has_tokenizer = not config.skip_tokenizer_init
         self._threads = config.grammar_compile_threads
         self._pool: ThreadPoolExecutor | None = None
-        self._futures: OrderedDict[tuple, Future] = OrderedDict()
+        self._jobs: OrderedDict[tuple, CompileJob] = OrderedDict()
         self._compiler = None
         self._compiler_lock = threading.Lock()
         self._stop_token_ids: list[int] = []
@@ -68,32 +78,34 @@ class GrammarManager:
     def submit(self, so: StructuredOutputsParams, eos_token_ids: list[int]) -> RequestGrammar:
         """Start or join the compile of `so`; the request waits for it (see poll)."""
         key = so.key
-        future = self._futures.get(key)
-        if future is None:
+        job = self._jobs.get(key)
+        if job is None:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="ringserve-grammar")
                 self._stop_token_ids = list(eos_token_ids)
-            future = self._pool.submit(self._compile, so)
-            self._futures[key] = future
-            if len(self._futures) > MAX_CACHED_GRAMMARS:
-                self._futures.popitem(last=False)
+            job = CompileJob()
+            job.future = self._pool.submit(self._compile, so, job)
+            self._jobs[key] = job
+            if len(self._jobs) > MAX_CACHED_GRAMMARS:
+                self._jobs.popitem(last=False)
         else:
-            self._futures.move_to_end(key)
-        return RequestGrammar(future, time.monotonic() + self.timeout_s)
+            self._jobs.move_to_end(key)
+        return RequestGrammar(job)
 
     def poll(self, grammar: RequestGrammar, eos_token_ids: list[int]) -> str | None:
         """None when the grammar is ready (its matcher made) or still compiling (matcher None); else the
         error that ends the request."""
-        future = grammar.future
+        job = grammar.job
+        future = job.future
         if not future.done():
-            if time.monotonic() > grammar.deadline:
-                self._forget(future)
+            if job.started is not None and time.monotonic() > job.started + self.timeout_s:
+                self._forget(job)
                 return (f"structured_outputs: compiling the grammar took longer than {self.timeout_s:g} s "
                         "(--grammar-compile-timeout); simplify the schema or pattern")
             return None
         error = future.exception()
         if error is not None:
-            self._forget(future)
+            self._forget(job)
             text = str(error)
             return text if isinstance(error, ValueError) else f"structured_outputs: compile failed: {text}"
         import xgrammar as xgr
@@ -101,14 +113,15 @@ class GrammarManager:
         grammar.matcher = xgr.GrammarMatcher(future.result(), override_stop_tokens=eos_token_ids or None)
         return None
 
-    def _forget(self, future: Future) -> None:
+    def _forget(self, job: CompileJob) -> None:
         """A failed or overdue compile leaves the cache, so that a repeat of the spec tries again."""
-        for key, cached in list(self._futures.items()):
-            if cached is future:
-                del self._futures[key]
+        for key, cached in list(self._jobs.items()):
+            if cached is job:
+                del self._jobs[key]
 
-    def _compile(self, so: StructuredOutputsParams):
+    def _compile(self, so: StructuredOutputsParams, job: CompileJob):
         compiler = self._get_compiler()
+        job.started = time.monotonic()
         return compiler.compile_grammar(to_grammar(so))
 
     def _get_compiler(self):

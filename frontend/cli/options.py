@@ -90,6 +90,9 @@ ENGINE_OPTIONS = [
                  help="Most logprobs a request may ask for per token."),
     click.option("--async-scheduling", is_flag=True,
                  help="Schedule the next step while the current one runs (hides the scheduler's time)."),
+    click.option("--grammar-compile-timeout", type=click.FloatRange(min=0.0, min_open=True), default=10.0,
+                 help="Seconds a structured-output grammar may take to compile before its request ends "
+                      "with an error (the server keeps serving the others)."),
 ]
 
 
@@ -115,5 +118,6 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         long_prefill_token_threshold=options["long_prefill_token_threshold"],
         async_scheduling=options["async_scheduling"],
         data_parallel_size=options["data_parallel_size"], data_parallel_routing=options["data_parallel_routing"],
-        kv_events_config=options["kv_events_config"], **extra,
+        kv_events_config=options["kv_events_config"],
+        grammar_compile_timeout_s=options["grammar_compile_timeout"], **extra,
     )
