@@ -64,16 +64,15 @@ def assert_error(response: httpx.Response, status: int, param: str | None) -> di
     (CHAT, {"messages": USER, "add_generation_prompt": True, "continue_final_message": True},
      "continue_final_message"),
     (CHAT, {"messages": USER, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
-    # No tool-call parser and no structured output: refused, never silently ignored.
+    # No tool-call parser: refused, never silently ignored.
     (CHAT, {"messages": USER, "tools": [TOOL]}, "tool_choice"),
     (CHAT, {"messages": USER, "tools": [TOOL], "tool_choice": "auto"}, "tool_choice"),
     (CHAT, {"messages": USER, "tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
     (CHAT, {"messages": USER, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}},
      "tool_choice"),
     (CHAT, {"messages": USER, "tool_choice": "auto"}, "tool_choice"),
-    (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, "response_format.type"),
     (CHAT, {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "s"}}},
-     "response_format.type"),
+     "response_format.json_schema.schema"),
     (CHAT, {"messages": USER, "response_format": {}}, "response_format.type"),
 ])
 def test_invalid_request_is_a_400_naming_the_param(http, path, body, param):
