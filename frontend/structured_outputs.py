@@ -25,14 +25,18 @@ _OPTIONS = ("disable_any_whitespace", "disable_additional_properties")
 async def structured_outputs(req: SamplingRequest) -> tuple[StructuredOutputsParams | None, str | None]:
     """The request's constraint, checked with the backend, and the request field it came from; (None, None)
     when it has none."""
-    found = _sources(req)
+    found, options = _sources(req)
     if not found:
+        if options is not None:
+            raise invalid("structured_outputs sets options but no constraint; set one of "
+                          + ", ".join(CONSTRAINT_FIELDS), "structured_outputs")
         return None, None
     if len(found) > 1:
         names = [param for param, _ in found]
         raise invalid(f"only one structured outputs constraint may be given, but the request sets "
                       f"{' and '.join(names)}", names[1])
     param, fields = found[0]
+    fields = {**(options or {}), **fields}
     try:
         params = StructuredOutputsParams(**fields)
     except ValueError as e:
@@ -58,9 +62,12 @@ def _invalid(error: ValueError, param: str):
     return invalid(message, param)
 
 
-def _sources(req: SamplingRequest) -> list[tuple[str, dict]]:
-    """(request field, StructuredOutputsParams fields) for every constraint the request carries."""
+def _sources(req: SamplingRequest) -> tuple[list[tuple[str, dict]], dict | None]:
+    """(request field, StructuredOutputsParams fields) for every constraint the request carries, and the
+    options of a `structured_outputs` that sets no constraint of its own: as in vLLM, they apply to a
+    constraint given by response_format or guided_* (e.g. disable_any_whitespace for a json_schema)."""
     found: list[tuple[str, dict]] = []
+    options = None
     fmt = req.response_format
     if fmt is not None and fmt.type != "text":
         found.append(_response_format(fmt))
@@ -71,7 +78,11 @@ def _sources(req: SamplingRequest) -> list[tuple[str, dict]]:
                           "(xgrammar); use disable_any_whitespace", "structured_outputs.whitespace_pattern")
         _check_backend(so.backend, "structured_outputs.backend")
         fields = {name: getattr(so, name) for name in (*CONSTRAINT_FIELDS, *_OPTIONS)}
-        found.append(("structured_outputs", {k: v for k, v in fields.items() if v is not None}))
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if any(fields.get(name) not in (None, False) for name in CONSTRAINT_FIELDS):
+            found.append(("structured_outputs", fields))
+        else:
+            options = {name: fields[name] for name in _OPTIONS}
     if req.guided_whitespace_pattern is not None:
         raise invalid("guided_whitespace_pattern is not supported by the grammar backend (xgrammar)",
                       "guided_whitespace_pattern")
@@ -80,7 +91,7 @@ def _sources(req: SamplingRequest) -> list[tuple[str, dict]]:
         value = getattr(req, name)
         if value is not None:
             found.append((name, {kind: value}))
-    return found
+    return found, options
 
 
 def _response_format(fmt) -> tuple[str, dict]:

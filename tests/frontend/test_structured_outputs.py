@@ -37,6 +37,7 @@ for _ in range(40):
     ({"structured_outputs": {"grammar": "start: WORD"}}, "structured_outputs.grammar"),
     ({"structured_outputs": {"json": {"type": "object"}, "regex": "a"}}, "structured_outputs"),
     ({"structured_outputs": {}}, "structured_outputs"),
+    ({"structured_outputs": {"disable_any_whitespace": True}}, "structured_outputs"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
     ({"structured_outputs": {"choice": [str(i) for i in range(300)]}}, "structured_outputs.choice"),
     ({"structured_outputs": {"json": {"type": "object", "description": "x" * 40000}}}, "structured_outputs.json"),
@@ -83,6 +84,10 @@ def test_the_server_stays_healthy_after_the_400s(http):
     ({"response_format": {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}},
      {"structural_tag": {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}}),
     ({"response_format": {"type": "text"}}, None),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"disable_any_whitespace": True}},
+     {"json_object": True, "disable_any_whitespace": True}),
+    ({"guided_json": SCHEMA, "structured_outputs": {"disable_additional_properties": True}},
+     {"json": SCHEMA, "disable_additional_properties": True}),
 ])
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
 def test_every_source_reaches_the_engine_as_structured_outputs(served, http, path, body, expected):
