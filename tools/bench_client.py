@@ -46,8 +46,10 @@ class RequestRecord:
         return self.token_times[-1] - self.start_time if self.token_times else 0.0
 
 
-def build_payload(endpoint: str, model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> bytes:
-    """The JSON body of a streamed request with usage in the last chunk."""
+def build_payload(endpoint: str, model: str, prompt: str, max_tokens: int, ignore_eos: bool,
+                  extra: dict | None = None) -> bytes:
+    """The JSON body of a streamed request with usage in the last chunk (plus `extra` fields, e.g. a
+    structured-outputs constraint)."""
     body: dict = {"model": model}
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -56,6 +58,8 @@ def build_payload(endpoint: str, model: str, prompt: str, max_tokens: int, ignor
     body.update(max_tokens=max_tokens, stream=True, stream_options={"include_usage": True})
     if ignore_eos:
         body["ignore_eos"] = True  # vLLM's extension to the OpenAI API
+    if extra:
+        body.update(extra)
     return orjson.dumps(body)
 
 

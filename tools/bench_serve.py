@@ -11,6 +11,7 @@ The library entry points are `run_benchmark(settings) -> BenchResult` and `forma
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import math
 import os
@@ -32,6 +33,9 @@ from tools.bench_metrics import METRICS, BenchResult, calculate_metrics, format_
 __all__ = ["BenchSettings", "BenchResult", "run_benchmark", "format_result", "arrival_offsets", "cli"]
 
 READY_RETRY_S = 1.0
+# The default constraint of structured requests: any JSON object (xgrammar's builtin JSON grammar, vLLM's
+# json_object). From random or real weights it keeps constraining every step, mostly inside strings.
+STRUCTURED_OUTPUT = {"structured_outputs": {"json_object": True}}
 
 
 class BenchError(RuntimeError):
@@ -65,6 +69,10 @@ class BenchSettings:
     api_key: str | None = None
     request_timeout_s: float = 6 * 3600.0
     ready_check_timeout_s: float = 600.0  # how long to wait for a server that is still starting
+    # Share of requests (0..1) that carry STRUCTURED_OUTPUT, spread evenly over the run (vLLM's
+    # --structured-output-ratio); `structured_output` replaces the constraint.
+    structured_output_ratio: float = 0.0
+    structured_output: dict = field(default_factory=lambda: dict(STRUCTURED_OUTPUT))
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINT_PATHS:
@@ -79,6 +87,8 @@ class BenchSettings:
             raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
+        if not 0.0 <= self.structured_output_ratio <= 1.0:
+            raise ValueError(f"structured_output_ratio must be in [0, 1], got {self.structured_output_ratio:g}")
         if self.num_warmups < 0:
             raise ValueError(f"num_warmups must not be negative, got {self.num_warmups}")
         for p in self.metric_percentiles:
@@ -154,9 +164,11 @@ async def run_benchmark(
         url = base_url + ENDPOINT_PATHS[settings.endpoint]
         chat = settings.endpoint == "chat"
         sent_model = settings.served_model_name or model
+        structured = structured_mask(len(requests), settings.structured_output_ratio)
         payloads = [
-            build_payload(settings.endpoint, sent_model, r.prompt, r.expected_output_len, settings.ignore_eos)
-            for r in requests
+            build_payload(settings.endpoint, sent_model, r.prompt, r.expected_output_len, settings.ignore_eos,
+                          settings.structured_output if constrained else None)
+            for r, constrained in zip(requests, structured, strict=True)
         ]
 
         async def send(i: int) -> RequestRecord:
@@ -198,8 +210,27 @@ async def run_benchmark(
         "request_rate": "inf" if math.isinf(settings.request_rate) else settings.request_rate,
         "burstiness": settings.burstiness,
         "max_concurrency": settings.max_concurrency,
+        "structured_output_ratio": settings.structured_output_ratio,
     }
     return result
+
+
+def structured_mask(num_requests: int, ratio: float) -> list[bool]:
+    """Which requests carry the constraint: round(ratio * n) of them, spread evenly (request i is
+    constrained when floor((i + 1) * ratio) > floor(i * ratio))."""
+    return [math.floor((i + 1) * ratio + 1e-9) > math.floor(i * ratio + 1e-9) for i in range(num_requests)]
+
+
+def format_structured_table(results: list[tuple[float, BenchResult]]) -> str:
+    """Output tokens/s at each structured share, beside the unconstrained run (the first ratio 0)."""
+    base = next((r.output_throughput for ratio, r in results if ratio == 0.0), None)
+    lines = ["structured outputs: output throughput by share of constrained requests",
+             f"{'structured':>10} {'output tok/s':>13} {'vs 0 %':>8} {'req/s':>8} {'mean TPOT ms':>13}"]
+    for ratio, r in results:
+        change = f"{(r.output_throughput / base - 1) * 100:+.1f}%" if base else "n/a"
+        lines.append(f"{ratio * 100:>9.0f}% {r.output_throughput:>13.1f} {change:>8} "
+                     f"{r.request_throughput:>8.2f} {r.stats['tpot'].mean:>13.2f}")
+    return "\n".join(lines)
 
 
 async def _dispatch(send, offsets: np.ndarray, max_concurrency: int | None, disable_tqdm: bool):
@@ -370,20 +401,44 @@ def _floats(text: str) -> list[float]:
 @click.option(
     "--ready-check-timeout-sec", "ready_check_timeout_s", default=600.0, type=float, show_default=True
 )
+@click.option(
+    "--structured-output-ratio",
+    "structured_ratios",
+    default="0",
+    show_default=True,
+    help="Share(s) of requests under a structured-outputs constraint, comma-separated (e.g. 0,0.2,0.8,1): "
+    "one run per share, then a table of output tok/s beside the unconstrained run.",
+)
+@click.option(
+    "--structured-output",
+    "structured_output_json",
+    default=None,
+    help='The request fields of a constraint, as JSON (default: {"structured_outputs": {"json_object": true}}).',
+)
 @click.option("--result-json", type=click.Path(dir_okay=False), default=None, help="Write every figure here.")
 def cli(
-    result_json: str | None, metric_percentiles: str, percentile_metrics: str, goodput, **options
+    result_json: str | None, metric_percentiles: str, percentile_metrics: str, goodput, structured_ratios: str,
+    structured_output_json: str | None, **options
 ) -> None:
     """Benchmark an OpenAI-compatible server with vLLM's serving metrics."""
     try:
+        ratios = _floats(structured_ratios) or [0.0]
+        if structured_output_json is not None:
+            options["structured_output"] = orjson.loads(structured_output_json)
         settings = BenchSettings(
             metric_percentiles=_floats(metric_percentiles),
             percentile_metrics=[m.strip() for m in percentile_metrics.split(",") if m.strip()],
             goodput=parse_goodput(goodput),
+            structured_output_ratio=ratios[0],
             **options,
         )
-    except ValueError as e:
+        for ratio in ratios:
+            dataclasses.replace(settings, structured_output_ratio=ratio)   # validates each share
+    except (ValueError, orjson.JSONDecodeError) as e:
         raise click.UsageError(str(e)) from None
+    if len(ratios) > 1:
+        _run_structured_shares(settings, ratios, result_json)
+        return
     rate = "inf (all at once)" if math.isinf(settings.request_rate) else f"{settings.request_rate:g} req/s"
     click.echo(
         f"{settings.num_prompts} {settings.dataset} prompts to {settings.base_url} ({settings.endpoint}); "
@@ -397,3 +452,21 @@ def cli(
     if result_json:
         with open(result_json, "wb") as f:
             f.write(orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2))
+
+
+def _run_structured_shares(settings: BenchSettings, ratios: list[float], result_json: str | None) -> None:
+    """One run per structured share, against the same server, then the comparison table."""
+    results = []
+    for ratio in ratios:
+        run_settings = dataclasses.replace(settings, structured_output_ratio=ratio)
+        click.echo(f"--- {ratio * 100:g} % structured")
+        try:
+            result = asyncio.run(run_benchmark(run_settings))
+        except (BenchError, ValueError) as e:
+            raise click.ClickException(str(e)) from None
+        click.echo(format_result(result))
+        results.append((ratio, result))
+    click.echo(format_structured_table(results))
+    if result_json:
+        with open(result_json, "wb") as f:
+            f.write(orjson.dumps([r.to_dict() for _, r in results], option=orjson.OPT_INDENT_2))

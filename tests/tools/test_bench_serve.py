@@ -306,3 +306,31 @@ def test_the_server_prefix_cache_counters_are_summed_over_engines_under_either_n
     assert asyncio.run(read("ringserve")) == (40.0, 160.0)
     assert asyncio.run(read("vllm")) == (5.0, 9.0)
     assert asyncio.run(read("none")) is None
+
+
+def test_structured_share_marks_requests_evenly():
+    from tools.bench_serve import structured_mask
+
+    assert structured_mask(10, 0.0) == [False] * 10
+    assert structured_mask(10, 1.0) == [True] * 10
+    assert sum(structured_mask(10, 0.2)) == 2 and sum(structured_mask(100, 0.8)) == 80
+    assert structured_mask(5, 0.4) == [False, False, True, False, True]
+
+
+def test_cli_runs_each_structured_share_and_prints_the_table(stub, tmp_path):
+    out = tmp_path / "shares.json"
+    args = ["--base-url", stub.url, "--tokenizer", str(shared_path("models", "tokenizers", "qwen3")),
+            "--num-prompts", "5", "--random-input-len", "8", "--random-output-len", "2", "--disable-tqdm",
+            "--ready-check-timeout-sec", "0", "--structured-output-ratio", "0,0.4,1",
+            "--structured-output", '{"structured_outputs": {"regex": "[ab]+"}}', "--result-json", str(out)]
+    run = CliRunner().invoke(cli, args)
+    assert run.exit_code == 0, run.output
+    assert "output throughput by share of constrained requests" in run.output
+    table = run.output.split("output throughput by share")[1]
+    assert re.search(r"\n\s+0% .*\+0\.0%", table) and re.search(r"\n\s+40% ", table) and re.search(r"\n\s+100% ", table)
+    bodies = [r.body for r in stub.requests]
+    constrained = [b for b in bodies if b.get("structured_outputs") == {"regex": "[ab]+"}]
+    # shares 0, 0.4 and 1 of 5 requests, plus one unmeasured first request per run (request 0: never marked
+    # at 0.4, marked at 1)
+    assert len(constrained) == 0 + 2 + (5 + 1)
+    assert len(json.loads(out.read_text())) == 3
