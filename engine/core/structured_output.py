@@ -17,10 +17,11 @@ the scheduler process stays torch-free until then (xgrammar imports torch).
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -30,6 +31,32 @@ from engine.sampling_params import StructuredOutputsParams
 from engine.structured_spec import to_grammar, words_per_row
 
 MAX_CACHED_GRAMMARS = 256
+
+
+class _CompilePool:
+    """A few daemon threads running compiles. Not a ThreadPoolExecutor: its threads are joined at interpreter
+    exit, and an xgrammar compile cannot be cancelled, so one pathological grammar would hold up the
+    scheduler's exit for as long as it runs."""
+
+    def __init__(self, num_threads: int) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(num_threads):
+            threading.Thread(target=self._work, name=f"ringserve-grammar-{i}", daemon=True).start()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._tasks.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, fn, args = self._tasks.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001  handed to the request, never lost
+                future.set_exception(e)
 
 
 class CompileJob:
@@ -66,7 +93,7 @@ class GrammarManager:
         self.tokenizer_path = config.tokenizer_path
         self.has_tokenizer = not config.skip_tokenizer_init
         self._threads = config.grammar_compile_threads
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: _CompilePool | None = None
         self._jobs: OrderedDict[tuple, CompileJob] = OrderedDict()
         self._compiler = None
         self._compiler_lock = threading.Lock()
@@ -81,7 +108,7 @@ class GrammarManager:
         job = self._jobs.get(key)
         if job is None:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="ringserve-grammar")
+                self._pool = _CompilePool(self._threads)
                 self._stop_token_ids = list(eos_token_ids)
             job = CompileJob()
             job.future = self._pool.submit(self._compile, so, job)
@@ -157,7 +184,3 @@ class GrammarManager:
     def accept(grammar: RequestGrammar, token_id: int) -> bool:
         """Advance the matcher by a token sampled under its mask; False if the grammar refuses it."""
         return grammar.matcher.accept_token(token_id)
-
-    def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)

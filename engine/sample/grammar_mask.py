@@ -33,8 +33,10 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tenso
     if logits.device.type == "cuda":
         import xgrammar as xgr
 
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
-                                        vocab_size=logits.shape[1], indices=rows.tolist())
+        # xgrammar's kernel reads bitmask[indices[i]] for logits[indices[i]]: a batch-shaped mask, -1 elsewhere
+        full = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=torch.int32, device=logits.device)
+        full[rows] = bitmask.to(logits.device, non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits, full, vocab_size=logits.shape[1], indices=rows.tolist())
         return
     forbidden = allowed_from_bitmask(bitmask, logits.shape[1]).logical_not_()
     for i, row in enumerate(rows.tolist()):

@@ -32,6 +32,8 @@ BOUNDED_SCHEMA = {
 REGEX = r"[a-f]{2,4}-[0-9]{1,3}"
 CHOICES = ["red", "green", "blue"]
 EBNF = 'root ::= "(" num ("+" num)? ")"\nnum ::= [1-9] [0-9]?'
+STRUCTURAL_TAG = {"type": "structural_tag", "format": {"type": "tag", "begin": "<n>", "end": "</n>", "content": {
+    "type": "json_schema", "json_schema": {"type": "integer", "minimum": 0, "maximum": 99}}}}
 
 
 def constraints() -> dict[str, StructuredOutputsParams]:
@@ -42,6 +44,7 @@ def constraints() -> dict[str, StructuredOutputsParams]:
         "regex": StructuredOutputsParams(regex=REGEX),
         "choice": StructuredOutputsParams(choice=CHOICES),
         "grammar": StructuredOutputsParams(grammar=EBNF),
+        "structural_tag": StructuredOutputsParams(structural_tag=STRUCTURAL_TAG),
     }
 
 
@@ -83,3 +86,5 @@ def check_output(so: StructuredOutputsParams, token_ids: list[int], text: str, f
         assert text in so.choice, text
     elif kind == "grammar":
         assert re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?)?\)", text), text
+    elif kind == "structural_tag":
+        assert re.fullmatch(r"<n>(0|[1-9][0-9]?)</n>", text), text
