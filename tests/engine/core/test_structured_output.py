@@ -232,7 +232,7 @@ def test_free_requests_are_unchanged_by_constrained_neighbours():
 
 @pytest.mark.parametrize("engine", [
     dict(max_num_batched_tokens=8, max_num_seqs=8),               # chunked prefill: several chunks a prompt
-    dict(num_gpu_blocks_override=24, block_size=4),              # preemption: too few blocks for the batch
+    dict(num_gpu_blocks_override=17, block_size=4),              # preemption: too few blocks for the batch
     dict(enable_prefix_caching=False),
 ])
 def test_constrained_outputs_survive_chunking_preemption_and_caching(engine):
