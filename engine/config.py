@@ -293,11 +293,12 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
     def _fit_grammar_masks(self) -> None:
         """A step's new requests take at most half the broadcast ring (Scheduler.max_new_request_bytes);
-        the other half carries the columns and the grammar bitmask, so it must hold a full-batch mask."""
+        the other half carries the columns (64 B a sequence covers them) and the grammar bitmask, so it must
+        hold a full-batch mask."""
         if self.grammar_compile_timeout_s <= 0:
             raise ConfigError(f"grammar_compile_timeout_s must be positive, got {self.grammar_compile_timeout_s}")
         _check_positive("grammar_compile_threads", self.grammar_compile_threads)
-        needed = 2 * (self.grammar_mask_bytes + 64 * self.max_num_seqs + (1 << 20))
+        needed = 2 * (self.grammar_mask_bytes + 64 * self.max_num_seqs)
         if self.ring_bytes == DEFAULT_RING_BYTES and needed > self.ring_bytes:
             self.ring_bytes = -(-needed // (1 << 20)) << 20
         if self.ring_bytes < needed:
