@@ -29,8 +29,8 @@ from engine.messages import (
     unpack,
 )
 from engine.sample.grammar_mask import GrammarMask
-from engine.structured_spec import grammar_sample_rows, words_per_row
 from engine.sample.transfer import to_device
+from engine.structured_spec import grammar_sample_rows, words_per_row
 
 logger = logging.getLogger(__name__)
 
