@@ -79,3 +79,22 @@ def test_invalid_spec_is_refused_before_it_reaches_the_engine(llm):
         llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(regex="(?<=a)b")),
                      use_tqdm=False)
     assert llm.generate("x", SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)[0].finished
+
+
+def test_async_scheduling_gives_the_same_constrained_outputs():
+    """Under --async-scheduling a constrained request waits for its in-flight token before its next mask
+    is filled, so the outputs equal the serial engine's (the fake model: cheap, and adversarial)."""
+    kinds = list(constraints().values())
+    prompts = [f"p{i}" for i in range(8)]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=kinds[i % len(kinds)])
+              if i % 2 == 0 else SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+              for i in range(len(prompts))]
+    runs = []
+    for async_scheduling in (False, True):
+        with LLM(load_format="fake", max_model_len=256, max_num_seqs=8,
+                 async_scheduling=async_scheduling) as fake:
+            runs.append([o.outputs[0] for o in fake.generate(prompts, params, use_tqdm=False)])
+    assert [c.token_ids for c in runs[0]] == [c.token_ids for c in runs[1]]
+    for i in range(0, len(prompts), 2):
+        c = runs[1][i]
+        check_output(kinds[i % len(kinds)], c.token_ids, c.text, c.finish_reason, EOS)
