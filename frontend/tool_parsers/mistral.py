@@ -1,0 +1,107 @@
+"""mistral: `[TOOL_CALLS][{"name": N, "arguments": {...}}, ...]`, content before the marker.
+
+Mistral's chat templates check that tool-call ids are 9 alphanumeric characters, so this parser makes
+ids of that shape (as vLLM's MistralToolCall does).
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+
+from frontend.tool_parsers.base import ToolCallStreamer, ToolParser, longest_prefix_suffix
+from frontend.tool_parsers.json_call import JsonCallReader
+
+BOT = "[TOOL_CALLS]"
+_ALPHANUMERIC = string.ascii_letters + string.digits
+_WS = " \t\n\r"
+_TEXT, _OPEN, _ITEM, _CALL, _NEXT, _PASS = range(6)
+
+
+def mistral_tool_call_id() -> str:
+    return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
+
+
+class MistralStreamer(ToolCallStreamer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = _TEXT
+        self.pending = ""
+        self.held = ""               # marker and list syntax not yet known to belong to calls
+        self.reader: JsonCallReader | None = None
+
+    def new_id(self) -> str:
+        return mistral_tool_call_id()
+
+    def _feed(self, text: str) -> None:
+        i, n = 0, len(text)
+        while i < n:
+            state = self.state
+            if state == _TEXT:
+                buffer = self.pending + text[i:]
+                at = buffer.find(BOT)
+                if at < 0:
+                    keep = longest_prefix_suffix(buffer, BOT)
+                    self.content.add(buffer[:len(buffer) - keep])
+                    self.pending = buffer[len(buffer) - keep:]
+                    return
+                self.content.add(buffer[:at])
+                i += at + len(BOT) - len(self.pending)
+                self.pending, self.held, self.state = "", BOT, _OPEN
+                continue
+            c = text[i]
+            if state == _CALL:
+                reader = self.reader
+                i = reader.feed(text, i)
+                if reader.error is not None:
+                    if reader.announced:
+                        self.mark_broken()
+                        self.state = _PASS
+                    else:
+                        self._give_up(self.held + "".join(reader.pieces))
+                elif reader.done:
+                    self.state, self.held = _NEXT, ""
+            elif state == _PASS:
+                self.content.add(text[i:])
+                return
+            elif c in _WS:
+                self.held += c
+                i += 1
+            elif state == _OPEN and c == "[":
+                self.held += c
+                self.state = _ITEM
+                i += 1
+            elif state == _ITEM and c == "{":
+                self.reader = JsonCallReader(self, self.offset + i - len(self.held))
+                self.state = _CALL
+            elif state == _NEXT and c == ",":
+                self.held += c
+                self.state = _ITEM
+                i += 1
+            elif state == _NEXT and c == "]":
+                self.state, self.held = _TEXT, ""
+                i += 1
+            else:
+                self._give_up(self.held)
+
+    def _give_up(self, replay: str) -> None:
+        self.content.add(replay)
+        self.state = _PASS
+
+    def _finish(self) -> None:
+        if self.state == _TEXT:
+            self.content.add(self.pending)
+        elif self.state in (_OPEN, _ITEM):
+            self.content.add(self.held)
+        elif self.state == _CALL:
+            if self.reader.announced:
+                self.mark_broken()
+            else:
+                self.content.add(self.held + "".join(self.reader.pieces))
+
+
+class MistralToolParser(ToolParser):
+    name = "mistral"
+
+    def streamer(self) -> ToolCallStreamer:
+        return MistralStreamer()
