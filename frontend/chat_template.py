@@ -93,7 +93,8 @@ class ChatTemplate:
         return cls(source, special)
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
-               continue_final_message: bool = False, extra: dict | None = None) -> str:
+               continue_final_message: bool = False, extra: dict | None = None,
+               tools: list[dict] | None = None) -> str:
         """The prompt text; template failures raise ApiError(400) with the template's message."""
         if continue_final_message:
             if add_generation_prompt:
@@ -103,7 +104,7 @@ class ChatTemplate:
             if not isinstance(final.get("content"), str):
                 raise invalid("continue_final_message needs a final message with text content", "messages")
             messages = [*messages[:-1], {**final, "content": final["content"] + _CONTINUE_MARK}]
-        variables = {**self._special_tokens, **(extra or {}), "messages": messages, "tools": None,
+        variables = {**self._special_tokens, **(extra or {}), "messages": messages, "tools": tools,
                      "documents": None, "add_generation_prompt": add_generation_prompt}
         try:
             text = self._template.render(**variables)
@@ -124,16 +125,41 @@ class ChatTemplate:
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Request messages as the template sees them: content parts flattened to text (text parts only)."""
+    """Request messages as templates expect them (as vLLM normalises them): content parts flattened to
+    text (text parts only); an assistant's null content as "" (Qwen3's template tests `'</think>' in
+    content`); tool-call arguments as objects, not JSON text (Llama 3.1 and Mistral templates apply
+    `tojson` to them); an earlier turn's `reasoning` under `reasoning_content`, the name templates read."""
     out = []
     for i, message in enumerate(messages):
-        item = {"role": message.role, "content": text_content(message.content, i)}
-        for name in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+        content = text_content(message.content, i)
+        if content is None and message.role == "assistant":
+            content = ""
+        item = {"role": message.role, "content": content}
+        for name in ("name", "tool_call_id"):
             value = getattr(message, name)
             if value is not None:
                 item[name] = value
+        if message.tool_calls is not None:
+            item["tool_calls"] = [_template_tool_call(call, i, j) for j, call in enumerate(message.tool_calls)]
+        reasoning = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+        if reasoning is not None:
+            item["reasoning_content"] = reasoning
         out.append(item)
     return out
+
+
+def _template_tool_call(call: dict, index: int, j: int) -> dict:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise invalid("a tool call needs a function with a name", f"messages[{index}].tool_calls[{j}].function")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            raise invalid("tool call arguments must be JSON",
+                          f"messages[{index}].tool_calls[{j}].function.arguments") from None
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def text_content(content: str | list[dict] | None, index: int) -> str | None:

@@ -128,7 +128,8 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     name: ShortStr | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: ShortStr | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None              # vLLM's name for the reasoning of an earlier turn
+    reasoning_content: str | None = None      # DeepSeek's name for it
 
 
 Messages = Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
@@ -136,10 +137,11 @@ Messages = Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAG
 
 class ChatCompletionRequest(SamplingRequest, kw_only=True):
     messages: Messages
-    # Accepted so that they are refused with a clear message (serving_chat.check_unsupported), not ignored.
+    # checked by frontend.tool_choice (at most 128 tools; the decoder's bound only stops huge lists early)
     tools: Annotated[list[dict[str, Any]], Meta(max_length=1024)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    include_reasoning: bool = True            # vLLM's: false leaves the reasoning out of the response
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

@@ -23,15 +23,17 @@ def mistral_tool_call_id() -> str:
 
 
 class MistralStreamer(ToolCallStreamer):
-    def __init__(self) -> None:
+    """Content, then `marker` and a JSON list of call objects; with an empty marker the list must open
+    the output (the JSON-array format of forced calls)."""
+
+    def __init__(self, marker: str = BOT, new_id=mistral_tool_call_id) -> None:
         super().__init__()
+        self.marker = marker
+        self.new_id = new_id
         self.state = _TEXT
         self.pending = ""
         self.held = ""               # marker and list syntax not yet known to belong to calls
         self.reader: JsonCallReader | None = None
-
-    def new_id(self) -> str:
-        return mistral_tool_call_id()
 
     def _feed(self, text: str) -> None:
         i, n = 0, len(text)
@@ -39,15 +41,15 @@ class MistralStreamer(ToolCallStreamer):
             state = self.state
             if state == _TEXT:
                 buffer = self.pending + text[i:]
-                at = buffer.find(BOT)
+                at = buffer.find(self.marker)
                 if at < 0:
-                    keep = longest_prefix_suffix(buffer, BOT)
+                    keep = longest_prefix_suffix(buffer, self.marker)
                     self.content.add(buffer[:len(buffer) - keep])
                     self.pending = buffer[len(buffer) - keep:]
                     return
                 self.content.add(buffer[:at])
-                i += at + len(BOT) - len(self.pending)
-                self.pending, self.held, self.state = "", BOT, _OPEN
+                i += at + len(self.marker) - len(self.pending)
+                self.pending, self.held, self.state = "", self.marker, _OPEN
                 continue
             c = text[i]
             if state == _CALL:
@@ -79,7 +81,7 @@ class MistralStreamer(ToolCallStreamer):
                 self.state = _ITEM
                 i += 1
             elif state == _NEXT and c == "]":
-                self.state, self.held = _TEXT, ""
+                self.state, self.held = _TEXT if self.marker else _PASS, ""
                 i += 1
             else:
                 self._give_up(self.held)
