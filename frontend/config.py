@@ -7,6 +7,9 @@ import msgspec
 from engine.config import ConfigError, EngineConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
+REASONING_PARSERS = ("qwen3", "deepseek_r1")
+REASONING_FIELDS = ("reasoning", "reasoning_content", "both")
 MiB = 1 << 20
 
 
@@ -23,6 +26,13 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     max_request_body_bytes: int = 16 * MiB   # larger bodies get 413
     max_header_bytes: int = 16 * 1024        # request line + headers; larger requests are refused
     log_stats_interval: float = 5.0          # seconds between "engine busy" log lines; 0 disables them
+    # tool calling and reasoning (vLLM's flags)
+    enable_auto_tool_choice: bool = False    # tool_choice "auto" (needs tool_call_parser)
+    tool_call_parser: str | None = None      # how calls are read from the output, and forced
+    exclude_tools_when_tool_choice_none: bool = False
+    reasoning_parser: str | None = None      # split <think> reasoning out of the output
+    reasoning_field: str = "reasoning"       # response field(s) of the reasoning: vLLM's, DeepSeek's, both
+    default_chat_template_kwargs: dict = {}  # under each request's chat_template_kwargs
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
 
     def validate(self) -> ServerConfig:
@@ -38,4 +48,13 @@ class ServerConfig(msgspec.Struct, kw_only=True):
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.api_key == "":
             raise ConfigError("api_key must not be empty")
+        for name, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        if self.reasoning_field not in REASONING_FIELDS:
+            raise ConfigError(f"reasoning_field must be one of {', '.join(REASONING_FIELDS)}; "
+                              f"got {self.reasoning_field!r}")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser")
         return self

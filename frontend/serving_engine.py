@@ -80,6 +80,8 @@ class GenerationJob:
     structured: str | None = None           # the field of its grammar constraint, if any: a stream then
                                             # holds its headers for the first event, so that a grammar the
                                             # engine fails on (a compile past its deadline) is still a 400
+    output_parsers: list | None = None      # chat: per choice, reasoning and tool-call parsing (chat_output)
+    chat_output: object = None              # chat: the ChatOutputOptions those parsers share
 
 
 class OpenAIServing:
@@ -151,16 +153,22 @@ class OpenAIServing:
 
     async def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool) -> list[int]:
         """req.messages rendered by the chat template and tokenized, in a worker thread (Jinja is slow)."""
+        return (await self.render_chat(req, add_special_tokens))[1]
+
+    async def render_chat(self, req: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool,
+                          tools: list[dict] | None = None) -> tuple[str, list[int]]:
+        """(prompt text, token ids) of req.messages through the chat template, with the request's
+        chat_template_kwargs over --default-chat-template-kwargs; rendered in a worker thread."""
         template = self.ctx.chat_template
         if template is None:
             raise invalid("this model has no chat template; start the server with --chat-template", "messages")
         rendered = template_messages(req.messages)
+        extra = {**self.ctx.config.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
 
-        def render() -> list[int]:
+        def render() -> tuple[str, list[int]]:
             text = template.render(rendered, add_generation_prompt=req.add_generation_prompt,
-                                   continue_final_message=req.continue_final_message,
-                                   extra=req.chat_template_kwargs)
-            return self.tokenize(text, add_special_tokens)
+                                   continue_final_message=req.continue_final_message, extra=extra, tools=tools)
+            return text, self.tokenize(text, add_special_tokens)
 
         return await asyncio.to_thread(render)
 
@@ -280,8 +288,12 @@ class OpenAIServing:
             for chunk in self._prelude(job):
                 await send({"type": body, "body": chunk, "more_body": True})
             with_logprobs = job.logprobs is not None
-
+            parsed = job.output_parsers is not None
             async for choice, text, delta in (events if first is None else _prepend(first, events)):
+                if parsed:
+                    for chunk in self._parsed_chunks(job, choice, text, delta):
+                        await send({"type": body, "body": chunk, "more_body": True})
+                    continue
                 if choice.finish_reason is None and not with_logprobs:
                     if not text:
                         continue
@@ -354,6 +366,10 @@ class OpenAIServing:
         raise NotImplementedError
 
     def _response_body(self, job: GenerationJob) -> dict:
+        raise NotImplementedError
+
+    def _parsed_chunks(self, job: GenerationJob, choice: Choice, text: str, delta: RequestDelta) -> list[bytes]:
+        """SSE chunks of one step when the output is parsed (chat with tools or reasoning)."""
         raise NotImplementedError
 
 

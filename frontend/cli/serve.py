@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -9,7 +10,20 @@ import click
 from engine.config import ConfigError
 from frontend.chat_template import load_chat_template_source
 from frontend.cli.options import engine_config, engine_options
-from frontend.config import LOG_LEVELS, ServerConfig
+from frontend.config import LOG_LEVELS, REASONING_FIELDS, REASONING_PARSERS, TOOL_CALL_PARSERS, ServerConfig
+
+
+def _json_object(ctx, param, value: str | None) -> dict:
+    """--default-chat-template-kwargs: a JSON object."""
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return parsed
 
 
 def _origins(ctx, param, values: tuple[str, ...]) -> list[str]:
@@ -33,6 +47,18 @@ def _origins(ctx, param, values: tuple[str, ...]) -> list[str]:
 @click.option("--profile-dir", type=click.Path(file_okay=False), default=None,
               help="Enable /start_profile and /stop_profile, writing traces here.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", help="Log verbosity.")
+@click.option("--enable-auto-tool-choice", is_flag=True,
+              help="Allow tool_choice 'auto': tool calls are parsed out of the output (needs --tool-call-parser).")
+@click.option("--tool-call-parser", type=click.Choice(TOOL_CALL_PARSERS), default=None,
+              help="The model's tool-call format: read from outputs, and forced for 'required' and named calls.")
+@click.option("--exclude-tools-when-tool-choice-none", is_flag=True,
+              help="Leave the tools out of the prompt when tool_choice is 'none' (default: render them).")
+@click.option("--reasoning-parser", type=click.Choice(REASONING_PARSERS), default=None,
+              help="Split the model's <think> reasoning out of the content.")
+@click.option("--reasoning-field", type=click.Choice(REASONING_FIELDS), default="reasoning",
+              help="Response field of the reasoning: 'reasoning' (vLLM), 'reasoning_content' (DeepSeek), both.")
+@click.option("--default-chat-template-kwargs", callback=_json_object, default=None,
+              help="JSON object of chat template variables under each request's chat_template_kwargs.")
 @engine_options
 def serve(model: str, **options) -> None:
     """Serve MODEL (a Hugging Face model directory) over an OpenAI-compatible HTTP API.
@@ -61,7 +87,11 @@ def _server_config(model: str, options: dict) -> ServerConfig:
         host=options["host"], port=options["port"], api_key=options["api_key"],
         allowed_origins=options["allowed_origins"], chat_template=options["chat_template"],
         shutdown_timeout=options["shutdown_timeout"], enable_access_log=options["enable_access_log"],
-        log_level=options["log_level"], profile_dir=options["profile_dir"], engine=engine,
+        log_level=options["log_level"], profile_dir=options["profile_dir"],
+        enable_auto_tool_choice=options["enable_auto_tool_choice"], tool_call_parser=options["tool_call_parser"],
+        exclude_tools_when_tool_choice_none=options["exclude_tools_when_tool_choice_none"],
+        reasoning_parser=options["reasoning_parser"], reasoning_field=options["reasoning_field"],
+        default_chat_template_kwargs=options["default_chat_template_kwargs"], engine=engine,
     )
     try:
         config.validate()

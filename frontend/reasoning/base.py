@@ -104,7 +104,10 @@ class ReasoningParser:
 
     def extract(self, text: str, prompt: str = "") -> tuple[str | None, str | None]:
         """(reasoning, content) of a whole output; None for an empty part."""
-        streamer = self.streamer(prompt)
+        return self.extract_from_state(text, self.initial_state(prompt))
+
+    def extract_from_state(self, text: str, state: int) -> tuple[str | None, str | None]:
+        streamer = ReasoningStreamer(self, state)
         first, last = streamer.feed(text), streamer.finish()
         reasoning = first.reasoning + last.reasoning
         content = first.content + last.content
