@@ -69,15 +69,20 @@ class ExtractedToolCalls:
 
 class ContentBuffer:
     """Content as it streams, holding back a trailing whitespace run: it goes out with the next text, or
-    is dropped when a call follows (and at the end when there were calls)."""
+    is dropped when a call follows (and at the end when there were calls). Whitespace right after a call
+    is dropped too."""
 
-    __slots__ = ("held", "out")
+    __slots__ = ("held", "out", "after_call")
 
     def __init__(self) -> None:
         self.held = ""
         self.out: list[str] = []          # what the current feed emits
+        self.after_call = False
 
     def add(self, text: str) -> None:
+        if self.after_call:
+            text = text.lstrip(_WHITESPACE)
+            self.after_call = not text
         if not text:
             return
         body = text.rstrip(_WHITESPACE)
@@ -89,6 +94,7 @@ class ContentBuffer:
 
     def drop_held(self) -> None:
         self.held = ""
+        self.after_call = True
 
     def take(self) -> str:
         text = "".join(self.out)

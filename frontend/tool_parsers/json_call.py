@@ -18,7 +18,7 @@ MAX_NAME_CHARS = 256
 
 
 class JsonCallReader:
-    __slots__ = ("scanner", "streamer", "block_start", "pieces", "index", "sent", "error")
+    __slots__ = ("scanner", "streamer", "block_start", "pieces", "index", "sent", "error", "string_arguments")
 
     def __init__(self, streamer: ToolCallStreamer, block_start: int):
         self.scanner = JsonScanner()
@@ -28,6 +28,7 @@ class JsonCallReader:
         self.index: int | None = None       # set once announced
         self.sent = 0                        # scanner offset up to which arguments were forwarded
         self.error: str | None = None
+        self.string_arguments: bool | None = None   # the arguments value is a JSON string (known at its start)
 
     @property
     def done(self) -> bool:
@@ -66,7 +67,7 @@ class JsonCallReader:
 
     def _announce(self, text: str, base: int) -> None:
         span = self.scanner.members.get("name")
-        if span is None:
+        if span is None or not self.scanner.past_member:     # announce only once the name's ',' is seen
             return
         try:
             name = json.loads(self._text(text, base, *span))
@@ -89,7 +90,9 @@ class JsonCallReader:
         a, b = max(span[0], self.sent), span[1]
         if b <= a:
             return
-        if self._text(text, base, span[0], span[0] + 1) == '"':      # arguments as a JSON string
+        if self.string_arguments is None:
+            self.string_arguments = self._text(text, base, span[0], span[0] + 1) == '"'
+        if self.string_arguments:
             if complete:
                 try:
                     self.streamer.arguments(self.index, json.loads(self._text(text, base, *span)))

@@ -59,8 +59,9 @@ class JsonScanner:
         self._base = 0                  # absolute offset of index 0 of the piece being fed
 
     @property
-    def top_is_object(self) -> bool:
-        return bool(self.stack) and self.stack[0] == "{"
+    def past_member(self) -> bool:
+        """The last depth-1 member is followed by its ',' or the closing '}' (so it is surely complete)."""
+        return self.done or not (len(self.stack) == 1 and self.state == _AFTER_VALUE)
 
     def feed(self, text: str, start: int = 0) -> int:
         i, n = start, len(text)
