@@ -102,11 +102,15 @@ def test_include_reasoning_false_drops_it(agent):
     assert streamed["reasoning"] is None and streamed["content"] == "Checking."
 
 
-def test_tool_choice_none_renders_the_tools_and_parses_no_calls(agent):
-    client, fake = agent
+@pytest.fixture(scope="module")
+def tokenizer():
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(QWEN3["tokenizer"])
+    return AutoTokenizer.from_pretrained(QWEN3["tokenizer"])
+
+
+def test_tool_choice_none_renders_the_tools_and_parses_no_calls(agent, tokenizer):
+    client, fake = agent
     result = client.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice="none",
                                             temperature=0)
     prompt = tokenizer.apply_chat_template(USER, tools=TOOLS, tokenize=False, add_generation_prompt=True)
@@ -127,11 +131,8 @@ def test_enable_thinking_false_means_no_reasoning_to_split(agent):
     assert [c.function.name for c in message.tool_calls] == ["get_weather", "get_time"]
 
 
-def test_earlier_turns_with_calls_and_reasoning_render_as_transformers(agent):
+def test_earlier_turns_with_calls_and_reasoning_render_as_transformers(agent, tokenizer):
     client, fake = agent
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(QWEN3["tokenizer"])
     messages = [*USER, {"role": "assistant", "content": None, "reasoning": "look it up", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": WEATHER_ARGS}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
@@ -158,21 +159,24 @@ def test_bad_tools_are_400s_naming_the_field(agent):
 
 
 def test_reasoning_field_both_and_default_template_kwargs():
+    """deepseek_r1 with both field names; --default-chat-template-kwargs applies under the request's own."""
     server, fake = serve("<think>why</think>\n\nbecause", reasoning_parser="deepseek_r1", reasoning_field="both",
-                         default_chat_template_kwargs={"enable_thinking": True})
-    with server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=10)
-        message = client.chat.completions.create(model="tiny", messages=USER, temperature=0).choices[0].message
-        assert (message.reasoning, message.reasoning_content, message.content) == ("why", "why", "because")
-        chunks = list(client.chat.completions.create(model="tiny", messages=USER, temperature=0, stream=True))
-        assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks) == "why"
-        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "because"
-    server, fake = serve("<think>why</think>\n\nbecause", reasoning_parser="qwen3",
                          default_chat_template_kwargs={"enable_thinking": False})
     with server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=10)
+        thinking = {"chat_template_kwargs": {"enable_thinking": True}}
+        message = client.chat.completions.create(model="tiny", messages=USER, temperature=0,
+                                                 extra_body=thinking).choices[0].message
+        assert (message.reasoning, message.reasoning_content, message.content) == ("why", "why", "because")
+        chunks = list(client.chat.completions.create(model="tiny", messages=USER, temperature=0, stream=True,
+                                                     extra_body=thinking))
+        assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks) == "why"
+        assert "".join(getattr(c.choices[0].delta, "reasoning", None) or "" for c in chunks) == "why"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "because"
+        # the default closes the think block in the prompt: the output is content
         message = client.chat.completions.create(model="tiny", messages=USER, temperature=0).choices[0].message
         assert getattr(message, "reasoning", None) is None and message.content == "<think>why</think>\n\nbecause"
+        assert fake.submitted[-1][1][-4:] != fake.submitted[-2][1][-4:]
 
 
 def test_llama3_json_with_our_tool_template():
