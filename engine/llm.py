@@ -92,14 +92,17 @@ class LLM:
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template_kwargs: dict | None = None
-             ) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
+        """Chat conversations through the tokenizer's chat template (or `chat_template`), with `tools`
+        (OpenAI's {"type": "function", "function": {...}} dicts) rendered into the prompt as the template
+        does. The outputs are the raw generated text: tool calls are parsed by the server, not here."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         params = _as_params_list(sampling_params, len(conversations), self.get_default_sampling_params())
         requests = []
         for conversation, p in zip(conversations, params):
             text = self.get_tokenizer().apply_chat_template(
-                conversation, tokenize=False, chat_template=chat_template,
+                conversation, tokenize=False, chat_template=chat_template, tools=tools,
                 add_generation_prompt=add_generation_prompt and not continue_final_message,
                 continue_final_message=continue_final_message, **(chat_template_kwargs or {}),
             )

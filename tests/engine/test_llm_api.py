@@ -100,8 +100,13 @@ def test_chat_renders_the_real_chat_templates(family, tmp_path):
         "torch_dtype": "float32", "tie_word_embeddings": True}))
     conversations = [[{"role": "user", "content": "Hello, wörld 🌍"}],
                      [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]]
+    tools = [{"type": "function", "function": {"name": "get_time", "description": "Time now",
+                                               "parameters": {"type": "object", "properties": {}}}}]
     with LLM(str(tmp_path), load_format="dummy") as llm:
         outputs = llm.chat(conversations, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+        with_tools = llm.chat(conversations[1], SamplingParams(max_tokens=1), use_tqdm=False, tools=tools)[0]
+    text = tokenizer.apply_chat_template(conversations[1], tools=tools, add_generation_prompt=True, tokenize=False)
+    assert with_tools.prompt == text and (family != "qwen3" or "get_time" in text)
     for conversation, output in zip(conversations, outputs, strict=True):
         text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
         assert output.prompt == text
