@@ -54,9 +54,10 @@ class ToolPlan:
 
 def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict | None,
                parallel_tool_calls: bool | None, *, tool_call_parser: str | None = None,
-               enable_auto_tool_choice: bool = False,
-               exclude_tools_when_tool_choice_none: bool = False) -> ToolPlan | None:
-    """The plan for a request, or None when it has no tools (and no tool_choice other than "none")."""
+               enable_auto_tool_choice: bool = False, exclude_tools_when_tool_choice_none: bool = False,
+               max_whitespace_cnt: int | None = None) -> ToolPlan | None:
+    """The plan for a request, or None when it has no tools (and no tool_choice other than "none").
+    max_whitespace_cnt bounds runs of whitespace inside forced arguments (None: any)."""
     if tools is None:
         if tool_choice is not None and tool_choice != "none":
             raise invalid("When using `tool_choice`, `tools` must be set.", "tool_choice")
@@ -76,13 +77,11 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict | Non
     forced = [functions[named]] if named else list(functions.values())
     if tool_call_parser in NATIVE_FORMATS:
         parser = get_tool_parser(tool_call_parser)
-        tag = native_call_format(tool_call_parser, forced, parallel and not named)
-    elif named:
-        parser = ArgumentsOnlyToolParser(named)
-        tag = {"type": "json_schema", "json_schema": _parameters(functions[named])}
+        tag = native_call_format(tool_call_parser, forced, parallel and not named, max_whitespace_cnt)
     else:
-        parser = JsonArrayToolParser()
-        tag = {"type": "json_schema", "json_schema": json_array_schema(forced, parallel)}
+        schema = _parameters(functions[named]) if named else json_array_schema(forced, parallel)
+        parser = ArgumentsOnlyToolParser(named) if named else JsonArrayToolParser()
+        tag = _json_format(schema, max_whitespace_cnt)
     return ToolPlan(mode, tools, functions, named, parser, tag, parallel)
 
 
@@ -140,12 +139,20 @@ def _parameters(function: dict) -> dict:
     return function.get("parameters") or ANY_OBJECT
 
 
-def native_call_format(parser_name: str, functions: list[dict], parallel: bool) -> dict:
+def _json_format(schema: dict, max_whitespace_cnt: int | None) -> dict:
+    fmt = {"type": "json_schema", "json_schema": schema}
+    if max_whitespace_cnt is not None:
+        fmt["max_whitespace_cnt"] = max_whitespace_cnt
+    return fmt
+
+
+def native_call_format(parser_name: str, functions: list[dict], parallel: bool,
+                       max_whitespace_cnt: int | None = None) -> dict:
     """The structural-tag format of one or more calls in a parser's own format (at least one call; at most
     one when not parallel)."""
     opening, begin, end, separator, closing = NATIVE_FORMATS[parser_name]
     tags = [{"type": "tag", "begin": begin.format(name=f["name"]),
-             "content": {"type": "json_schema", "json_schema": _parameters(f)}, "end": end} for f in functions]
+             "content": _json_format(_parameters(f), max_whitespace_cnt), "end": end} for f in functions]
     calls = {"type": "tags_with_separator", "tags": tags, "separator": separator, "at_least_one": True,
              "stop_after_first": not parallel}
     elements = [e for e in ({"type": "const_string", "value": opening} if opening else None, calls,

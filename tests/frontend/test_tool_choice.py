@@ -119,3 +119,10 @@ def test_forced_calls_come_after_the_reasoning():
     assert accepts(plan, "<think>hm</think>\n\n" + HERMES_TIME, optional=True)
     assert accepts(plan, HERMES_TIME, optional=True)
     assert not accepts(plan, "<think>hm</think>\n\n" + HERMES_TIME)        # no reasoning parser: no block
+
+
+def test_whitespace_inside_forced_arguments_can_be_bounded():
+    loose = '<tool_call>\n{"name": "add", "arguments": {"a":   1, "b": 2}}\n</tool_call>'
+    assert accepts(plan_tools(TOOLS, NAMED_ADD, None, tool_call_parser="hermes"), loose)
+    tight = plan_tools(TOOLS, NAMED_ADD, None, tool_call_parser="hermes", max_whitespace_cnt=1)
+    assert not accepts(tight, loose) and accepts(tight, FORMATS["hermes"][1])
