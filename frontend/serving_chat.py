@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 
+import msgspec
 from starlette.requests import Request
 
 from engine.outputs import RequestDelta
@@ -67,6 +68,8 @@ class OpenAIServingChat(OpenAIServing):
             structured, structured_param = await structured_outputs(req)
         params = self.sampling_params(req, logprobs=logprobs, prompt_logprobs=req.prompt_logprobs, names=names,
                                       structured_outputs=structured)
+        if plan is not None and plan.parser is not None and plan.parser.keeps_special_tokens:
+            params = msgspec.structs.replace(params, skip_special_tokens=False)
         params = self.prompt_params(params, len(prompt), max_tokens, max_tokens_param, "messages")
         response_id = self.new_id("chatcmpl")
         choices = self.make_choices(response_id, [prompt], [params], req.n, arrival,

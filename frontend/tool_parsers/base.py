@@ -171,6 +171,10 @@ class ToolParser:
     """A tool-call format: `streamer()` for streams, `extract(text)` for whole outputs."""
 
     name = ""
+    # Its markers may be special tokens (Mistral's [TOOL_CALLS], Llama's <|python_tag|>, <tool_call> in
+    # some Hermes tokenizers), which detokenizing with skip_special_tokens would remove (as vLLM, the
+    # request then keeps them).
+    keeps_special_tokens = False
 
     def streamer(self) -> ToolCallStreamer:
         raise NotImplementedError

@@ -98,6 +98,7 @@ class HermesStreamer(ToolCallStreamer):
 
 class HermesToolParser(ToolParser):
     name = "hermes"
+    keeps_special_tokens = True
 
     def streamer(self) -> ToolCallStreamer:
         return HermesStreamer()

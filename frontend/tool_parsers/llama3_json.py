@@ -94,6 +94,7 @@ class Llama3JsonStreamer(ToolCallStreamer):
 
 class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
+    keeps_special_tokens = True
 
     def streamer(self) -> ToolCallStreamer:
         return Llama3JsonStreamer()

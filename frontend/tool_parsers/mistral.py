@@ -104,6 +104,7 @@ class MistralStreamer(ToolCallStreamer):
 
 class MistralToolParser(ToolParser):
     name = "mistral"
+    keeps_special_tokens = True
 
     def streamer(self) -> ToolCallStreamer:
         return MistralStreamer()

@@ -74,13 +74,14 @@ def whole(result) -> dict:
 
 
 def test_auto_finds_calls_and_the_stream_equals_the_whole_response(agent):
-    client, _ = agent
+    client, fake = agent
     result = whole(client.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, temperature=0))
     assert result["reasoning"] == "\nThey want the weather in 東京.\n"
     assert result["content"] == "Checking."
     assert result["calls"] == [("get_weather", WEATHER_ARGS), ("get_time", "{}")]
     assert result["finish_reason"] == "tool_calls"
     assert len(set(result["ids"])) == 2
+    assert fake.submitted[-1][2].skip_special_tokens is False     # hermes' markers may be special tokens
     streamed = collect(list(client.chat.completions.create(model="tiny", messages=USER, tools=TOOLS,
                                                            temperature=0, stream=True)))
     assert {k: v for k, v in streamed.items() if k != "ids"} == {k: v for k, v in result.items() if k != "ids"}
