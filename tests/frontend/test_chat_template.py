@@ -101,3 +101,65 @@ def test_template_source_is_inline_or_a_file(tmp_path):
     assert load_chat_template_source(str(path)) == path.read_text()
     with pytest.raises(ValueError, match="neither a Jinja template nor a readable file"):
         load_chat_template_source(str(tmp_path / "missing.jinja"))
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string", "description": "名前"}}}}}]
+
+
+def _tool_conversation(arguments):
+    return [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in 東京?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}},
+            {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 20}'},
+        {"role": "tool", "tool_call_id": "c2", "content": '{"temp": 21}'},
+        {"role": "assistant", "content": "20 degrees.", "reasoning": "read the tool output"},
+        {"role": "user", "content": "thanks"},
+    ]
+
+
+@pytest.mark.parametrize("arguments", ['{"city": "東京"}', {"city": "東京"}])
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}])
+def test_tools_and_tool_turns_render_as_transformers(arguments, kwargs):
+    """Qwen3 with tools: requests normalised as vLLM does (null content -> "", JSON-text arguments -> objects,
+    reasoning -> reasoning_content) render exactly as transformers renders the normalised messages."""
+    import msgspec
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(shared_path("models", "tokenizers", "qwen3")))
+    request = msgspec.convert(_tool_conversation(arguments), list[ChatMessage])
+    ours = ChatTemplate.for_tokenizer(tokenizer).render(template_messages(request), tools=TOOLS, extra=kwargs)
+    normalised = _tool_conversation({"city": "東京"})
+    normalised[2]["content"] = ""
+    normalised[5]["reasoning_content"] = normalised[5].pop("reasoning")
+    theirs = tokenizer.apply_chat_template(normalised, tools=TOOLS, tokenize=False, add_generation_prompt=True,
+                                           **kwargs)
+    assert ours == theirs
+    assert "<tools>" in ours and '"arguments": {"city": "東京"}' in ours and "<tool_response>" in ours
+
+
+def test_our_llama3_json_template_renders_as_transformers():
+    import msgspec
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(shared_path("models", "tokenizers", "llama3")))
+    source = load_chat_template_source("frontend/chat_templates/llama3_json.jinja")
+    request = msgspec.convert(_tool_conversation('{"city": "東京"}'), list[ChatMessage])
+    ours = ChatTemplate.for_tokenizer(tokenizer, source).render(template_messages(request), tools=TOOLS)
+    normalised = _tool_conversation({"city": "東京"})
+    normalised[2]["content"] = ""
+    theirs = tokenizer.apply_chat_template(normalised, tools=TOOLS, chat_template=source, tokenize=False,
+                                           add_generation_prompt=True)
+    assert ours == theirs
+    assert '{"name": "get_weather", "parameters": {"city": "東京"}}; {"name": "get_weather"' in ours
+
+
+def test_bad_tool_call_arguments_are_a_400():
+    message = ChatMessage(role="assistant", tool_calls=[{"function": {"name": "f", "arguments": "{not json"}}])
+    with pytest.raises(ApiError) as info:
+        template_messages([message])
+    assert info.value.param == "messages[0].tool_calls[0].function.arguments"
