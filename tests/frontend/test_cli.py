@@ -55,11 +55,29 @@ def test_flags_become_one_server_config(launched, tiny_model):
     (["--port", "70000"], "70000"),
     (["--chat-template", "/no/such/template.jinja"], "neither a Jinja template nor a readable file"),
     (["--gpu-memory-utilization", "1.5"], "1.5"),
+    (["--tool-call-parser", "xml"], "xml"),
+    (["--enable-auto-tool-choice"], "needs --tool-call-parser"),
+    (["--default-chat-template-kwargs", "[1]"], "must be a JSON object"),
+    (["--default-chat-template-kwargs", "{oops"], "not JSON"),
+    (["--reasoning-field", "thoughts"], "thoughts"),
 ])
 def test_bad_flag_values_are_usage_errors(launched, tiny_model, args, message):
     result = invoke("serve", str(tiny_model), "--device", "cpu", *args)
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output and not launched
+
+
+def test_tool_and_reasoning_flags(launched, tiny_model):
+    result = invoke("serve", str(tiny_model), "--device", "cpu", "--enable-auto-tool-choice", "--tool-call-parser",
+                    "hermes", "--reasoning-parser", "qwen3", "--reasoning-field", "both",
+                    "--default-chat-template-kwargs", '{"enable_thinking": false}',
+                    "--exclude-tools-when-tool-choice-none")
+    assert result.exit_code == 0, result.output
+    (config,) = launched
+    assert (config.enable_auto_tool_choice, config.tool_call_parser, config.reasoning_parser) == \
+        (True, "hermes", "qwen3")
+    assert config.reasoning_field == "both" and config.default_chat_template_kwargs == {"enable_thinking": False}
+    assert config.exclude_tools_when_tool_choice_none
 
 
 def test_model_is_served_under_the_name_it_was_given(launched, tiny_model, monkeypatch):
