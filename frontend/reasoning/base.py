@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from frontend.tool_parsers.base import longest_prefix_suffix
 
 _WS = " \t\n\r"
+_MAX_LEAD = 256          # whitespace awaited before the start marker, at most
 START, REASONING, AFTER_END, CONTENT = range(4)
 
 
@@ -45,7 +46,7 @@ class ReasoningStreamer:
                 if buffer.startswith(parser.start_token):
                     self.pending, self.state = "", REASONING
                     text = buffer[len(parser.start_token):]
-                elif parser.start_token.startswith(buffer):
+                elif parser.start_token.startswith(buffer) and len(self.pending) < _MAX_LEAD:
                     self.pending += text            # may still become the start marker
                     return out
                 else:
