@@ -7,14 +7,12 @@ tool choices add the grammar that forces the call (frontend.tool_choice).
 
 from __future__ import annotations
 
-import json
 import time
 
 import msgspec
 from starlette.requests import Request
 
 from engine.outputs import RequestDelta
-from engine.sampling_params import StructuredOutputsParams
 from frontend.chat_output import REASONING_FIELDS, ChatOutputOptions, ChatOutputParser, parse_message
 from frontend.chat_template import text_content
 from frontend.choices import Choice
@@ -22,11 +20,10 @@ from frontend.errors import invalid
 from frontend.logprobs import chat_logprobs, prompt_logprobs_json
 from frontend.protocol import ChatCompletionRequest
 from frontend.reasoning import get_reasoning_parser
-from frontend.reasoning.base import REASONING, START
 from frontend.responses import DisconnectAwareResponse, sse_event
 from frontend.serving_engine import GenerationJob, OpenAIServing, ServingContext
 from frontend.structured_outputs import structured_outputs
-from frontend.tool_choice import ToolPlan, plan_tools, structural_tag
+from frontend.tool_choice import forced_call_constraint, plan_tools
 
 _NAMES = {"logprobs": "top_logprobs"}
 
@@ -47,25 +44,28 @@ class OpenAIServingChat(OpenAIServing):
         if req.top_logprobs is not None and not req.logprobs:
             raise invalid("top_logprobs needs logprobs to be true", "top_logprobs")
         config = self.ctx.config
+        compact = req.structured_outputs is not None and req.structured_outputs.disable_any_whitespace
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
                           tool_call_parser=config.tool_call_parser,
                           enable_auto_tool_choice=config.enable_auto_tool_choice,
-                          exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none)
+                          exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
+                          max_whitespace_cnt=1 if compact else None)
         prompt_text, prompt = await self.render_chat(req, req.add_special_tokens,
                                                      tools=plan.template_tools if plan else None)
         reasoning = self.reasoning_parser
         options = ChatOutputOptions(reasoning, reasoning.initial_state(prompt_text) if reasoning else 0, plan,
                                     req.include_reasoning, self.reasoning_fields)
+        if plan is not None and plan.forced:
+            structured = await forced_call_constraint(req, plan, reasoning, options.reasoning_state)
+            structured_param = "tool_choice"
+        else:
+            structured, structured_param = await structured_outputs(req)
 
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens, max_tokens_param = req.max_completion_tokens, "max_completion_tokens"
         if max_tokens is None:
             max_tokens, max_tokens_param = req.max_tokens, "max_tokens"
         names = {**_NAMES, "max_tokens": max_tokens_param}
-        if plan is not None and plan.forced:
-            structured, structured_param = self._forced_call_constraint(plan, options), "tool_choice"
-        else:
-            structured, structured_param = await structured_outputs(req)
         params = self.sampling_params(req, logprobs=logprobs, prompt_logprobs=req.prompt_logprobs, names=names,
                                       structured_outputs=structured)
         if plan is not None and plan.parser is not None and plan.parser.keeps_special_tokens:
@@ -85,22 +85,14 @@ class OpenAIServingChat(OpenAIServing):
         job.chat_output = options
         return self.respond(job)
 
-    @staticmethod
-    def _forced_call_constraint(plan: ToolPlan, options: ChatOutputOptions) -> StructuredOutputsParams:
-        """The grammar of a required or named call, after the reasoning when the model is still to reason."""
-        parser, state = options.reasoning_parser, options.reasoning_state
-        reasoning_open = parser is not None and (state == REASONING or
-                                                 (state == START and parser.reasoning_without_start))
-        reasoning_optional = parser is not None and state == START and not parser.reasoning_without_start
-        tag = structural_tag(plan.structural_tag, reasoning_open=reasoning_open,
-                             reasoning_optional=reasoning_optional)
-        return StructuredOutputsParams(structural_tag=json.dumps(tag, ensure_ascii=False))
-
     def _prelude(self, job: GenerationJob) -> list[bytes]:
         chunks = []
         for choice in job.choices:
             chunk = self._chunk(job, choice, "", None)
-            chunk["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            # the role chunk never finishes the choice, even when the first event came before it (a stream
+            # with a grammar waits for its first event before it sends anything)
+            chunk["choices"][0].update(delta={"role": "assistant", "content": ""}, finish_reason=None,
+                                       stop_reason=None)
             chunks.append(sse_event(chunk))
         return chunks
 

@@ -16,11 +16,16 @@ think block, so the constraint applies after the reasoning ends.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine.sampling_params import CONSTRAINT_FIELDS, StructuredOutputsParams
+from engine.structured_spec import validate
 from frontend.errors import invalid
+from frontend.reasoning.base import REASONING, START, ReasoningParser
 from frontend.tool_parsers import TOOL_PARSERS, ToolParser, get_tool_parser
 from frontend.tool_parsers.forced import ArgumentsOnlyToolParser, JsonArrayToolParser
 
@@ -184,5 +189,57 @@ def structural_tag(call_format: dict, *, reasoning_open: bool, reasoning_optiona
     return {"type": "structural_tag", "format": call_format}
 
 
+async def forced_call_constraint(req, plan: ToolPlan, reasoning: ReasoningParser | None,
+                                 reasoning_state: int) -> StructuredOutputsParams:
+    """The constraint of a required or named call (a request with tools, tool_choice and maybe
+    structured_outputs options), checked by the grammar backend off the event loop.
+
+    Another constraint on the same request is refused, as vLLM refuses a named tool with
+    structured_outputs; the forced tools' parameters get structured outputs' own checks (400 naming the
+    tool), which `auto` and `none` skip: there the schemas are only shown to the model."""
+    other = _other_constraint(req)
+    if other is not None:
+        raise invalid(f"tool_choice {'required' if plan.mode == 'required' else 'naming a function'} forces "
+                      f"the output, so it cannot be combined with {other}", "tool_choice")
+    reasoning_open = reasoning is not None and (
+        reasoning_state == REASONING or (reasoning_state == START and reasoning.reasoning_without_start))
+    reasoning_optional = reasoning is not None and reasoning_state == START and not reasoning.reasoning_without_start
+    tag = structural_tag(plan.structural_tag, reasoning_open=reasoning_open, reasoning_optional=reasoning_optional)
+    forced = [plan.named] if plan.named else list(plan.tools)
+    indexes = {tool["function"]["name"]: i for i, tool in enumerate(req.tools)}
+
+    def check() -> StructuredOutputsParams:
+        for name in forced:
+            param = f"tools[{indexes[name]}].function.parameters"
+            try:
+                validate(StructuredOutputsParams(json=_parameters(plan.tools[name])))
+            except ValueError as e:
+                message = str(e).replace("structured_outputs.json", param)
+                raise invalid(f"{message} (tool {name!r})", param) from None
+        constraint = StructuredOutputsParams(structural_tag=json.dumps(tag, ensure_ascii=False))
+        try:
+            validate(constraint)
+        except ValueError as e:
+            raise invalid(str(e).replace("structured_outputs.structural_tag", "the forced tool call's grammar"),
+                          "tool_choice") from None
+        return constraint
+
+    return await asyncio.to_thread(check)
+
+
+def _other_constraint(req) -> str | None:
+    """The request field of a constraint other than the tool call's, if any."""
+    fmt = getattr(req, "response_format", None)
+    if fmt is not None and fmt.type != "text":
+        return "response_format"
+    so = getattr(req, "structured_outputs", None)
+    if so is not None and any(getattr(so, name) not in (None, False) for name in CONSTRAINT_FIELDS):
+        return "structured_outputs"
+    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+        if getattr(req, name, None) is not None:
+            return name
+    return None
+
+
 __all__ = ["MAX_TOOLS", "NATIVE_FORMATS", "TOOL_NAME", "TOOL_PARSERS", "ToolPlan", "check_tools",
-           "json_array_schema", "native_call_format", "plan_tools", "structural_tag"]
+           "forced_call_constraint", "json_array_schema", "native_call_format", "plan_tools", "structural_tag"]

@@ -99,28 +99,26 @@ def check_calls(result: dict, allowed: set[str]) -> None:
 @pytest.mark.parametrize("server", ["hermes", "plain"])
 def test_required_calls_validate_and_stream_equals_whole(server, request):
     _, client = request.getfixturevalue(server)
-    stops = 0
-    for seed in range(4):
+    for seed in range(2):
+        # one call of bounded arguments with bounded whitespace: the grammar ends well within max_tokens
         result = run_both(client, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=1.0,
                           seed=seed, max_tokens=200, extra_body=COMPACT)
         assert result["content"] is None
-        if result["finish_reason"] == "stop":          # the policy for forced calls: not "tool_calls"
-            stops += 1
-            assert len(result["calls"]) == 1
-            check_calls(result, {"get_time", "set_switch"})
-    assert stops >= 2
+        assert result["finish_reason"] == "stop"         # the policy for forced calls: not "tool_calls"
+        assert len(result["calls"]) == 1
+        check_calls(result, {"get_time", "set_switch"})
 
 
 @pytest.mark.parametrize("server", ["hermes", "plain"])
 def test_named_call_validates(server, request):
     _, client = request.getfixturevalue(server)
     named = {"type": "function", "function": {"name": "set_switch"}}
-    for seed in range(3):
+    for seed in (3,):
         result = run_both(client, tools=TOOLS, tool_choice=named, temperature=1.0, seed=seed, max_tokens=200,
                           extra_body=COMPACT)
-        if result["finish_reason"] == "stop":
-            assert [name for name, _ in result["calls"]] == ["set_switch"]
-            check_calls(result, {"set_switch"})
+        assert result["finish_reason"] == "stop"
+        assert [name for name, _ in result["calls"]] == ["set_switch"]
+        check_calls(result, {"set_switch"})
 
 
 def test_parallel_required_calls_all_validate(hermes):

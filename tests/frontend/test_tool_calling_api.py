@@ -202,3 +202,55 @@ def test_llama3_json_with_our_tool_template():
             prompt = tokenizer.apply_chat_template(USER, tools=TOOLS, chat_template=f.read(), tokenize=False,
                                                    add_generation_prompt=True)
         assert fake.submitted[-1][1] == tokenizer(prompt, add_special_tokens=False).input_ids
+
+
+def test_forced_calls_carry_their_grammar_and_keep_the_engines_finish_reason(agent):
+    """required/named: the request carries a structural tag in hermes' format after an optional think block
+    (qwen3 reasoning); the output is read by the same parser; content is ""; finish_reason stays "stop"."""
+    client, fake = agent
+    result = client.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice="required",
+                                            temperature=0)
+    tag = json.loads(fake.submitted[-1][2].structured_outputs.structural_tag)
+    think, calls = tag["format"]["elements"]
+    assert think["type"] == "optional" and think["content"]["elements"][0]["begin"] == "<think>"
+    assert calls["type"] == "tags_with_separator" and calls["at_least_one"] and not calls["stop_after_first"]
+    assert [t["begin"] for t in calls["tags"]] == ['<tool_call>\n{"name": "get_weather", "arguments": ',
+                                                   '<tool_call>\n{"name": "get_time", "arguments": ']
+    choice = result.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content == ""
+    assert [c.function.name for c in choice.message.tool_calls] == ["get_weather", "get_time"]
+    named = client.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, temperature=0,
+                                           tool_choice={"type": "function", "function": {"name": "get_time"}})
+    tag = json.loads(fake.submitted[-1][2].structured_outputs.structural_tag)
+    assert [t["begin"] for t in tag["format"]["elements"][1]["tags"]] == \
+        ['<tool_call>\n{"name": "get_time", "arguments": ']
+    assert named.choices[0].finish_reason == "stop"
+
+
+def test_forced_calls_refuse_other_constraints_and_bad_schemas(agent):
+    client, _ = agent
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "string", "format": "colour"}}}}}]
+    cases = [({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+             ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+               "extra_body": {"structured_outputs": {"regex": "a+"}}}, "tool_choice"),
+             ({"tools": bad, "tool_choice": "required"}, "tools[0].function.parameters")]
+    for extra, param in cases:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny", messages=USER, max_tokens=1, **extra)
+        assert info.value.response.json()["error"]["param"] == param, info.value.response.text
+    # the same schema is only shown to the model under "auto": no grammar, no refusal
+    assert client.chat.completions.create(model="tiny", messages=USER, tools=bad, max_tokens=1).choices
+
+
+def test_each_choice_parses_on_its_own_and_logprobs_cover_every_token(agent):
+    client, fake = agent
+    chunks = list(client.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, temperature=0, n=2,
+                                                 stream=True, logprobs=True))
+    for index in (0, 1):
+        mine = [c for c in chunks if c.choices and c.choices[0].index == index]
+        folded = collect(mine)
+        assert folded["calls"] == [("get_weather", WEATHER_ARGS), ("get_time", "{}")]
+        assert folded["finish_reason"] == "tool_calls"
+        logprobs = [t for c in mine if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+        assert len(logprobs) == len(fake.script) + 1          # every token, the EOS included
