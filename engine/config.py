@@ -1,9 +1,11 @@
 """The one configuration object that flows from the CLI or `LLM(...)` into every process.
 
 `EngineConfig` is a msgspec Struct so the frontend can hand it to the scheduler and executor processes as
-JSON on their command line (no pickle). `EngineConfig.finalize()` reads the model's config.json once, in the
-caller, and writes the derived values back (resolved dtype, max_model_len, token budget), so that a bad
-model path or an unsupported architecture fails in the caller before any process starts.
+JSON on their command line (no pickle). `EngineConfig.finalize()` resolves the model once, in the caller
+(a built-in name, a hub repo id downloaded to a local directory, a model directory, or a GGUF file whose
+metadata stands in for config.json), reads its config and writes the derived values back (resolved dtype,
+max_model_len, token budget), so that a bad model, a failed download or an unsupported architecture fails
+in the caller before any process starts.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import re
 import msgspec
 
 from engine.errors import ConfigError
+from engine.models.bundled import SMOLLM2_INSTALL, SMOLLM2_NAME, find_smollm2
+from engine.models.gguf_file import is_gguf_path
 from engine.models.model_args import SUPPORTED_ARCHITECTURES, ModelArgs
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy", "fake")
 DEVICES = ("auto", "cpu", "cuda")
+DEMO_NAME = "ringserve-demo"
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DATA_PARALLEL_ROUTINGS = ("prefix", "load", "round_robin")
 KV_EVENT_PUBLISHERS = ("null", "zmq")
@@ -71,8 +76,11 @@ class KVEventsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class EngineConfig(msgspec.Struct, kw_only=True):
     # --- model
-    model: str = ""                          # HF model directory; "" means the built-in demo model
-    tokenizer: str | None = None             # defaults to the model directory
+    model: str = ""                          # HF model directory, hub repo id, .gguf file, or a built-in
+                                             # name (ringserve-demo, smollm2-135m-instruct); "": the demo
+    revision: str | None = None              # hub branch, tag or commit of a repo id
+    download_dir: str | None = None          # hub cache directory (default: huggingface_hub's)
+    tokenizer: str | None = None             # defaults to the model directory (or the GGUF file)
     skip_tokenizer_init: bool = False        # token ids in and out, no tokenizer (vLLM's option)
     served_model_name: str | None = None
     dtype: str = "auto"
@@ -123,7 +131,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # ------------------------------------------------------------------ derived values
     @property
     def model_name(self) -> str:
-        return self.served_model_name or (self.model or "ringserve-demo")
+        return self.served_model_name or (self.model or DEMO_NAME)
 
     @property
     def tokenizer_path(self) -> str:
@@ -151,10 +159,23 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             return self.spin_us
         return CUDA_SPIN_US if self.resolved_device == "cuda" else CPU_SPIN_US
 
+    @property
+    def is_gguf(self) -> bool:
+        return is_gguf_path(self.model)
+
     def hf_config(self) -> dict:
+        """config.json's dict; for a GGUF file, the same keys read from its metadata."""
+        if self.is_gguf:
+            from engine.models.gguf_config import gguf_hf_config
+
+            if not os.path.isfile(self.model):
+                raise ConfigError(f"GGUF file {self.model!r} does not exist")
+            return gguf_hf_config(self.model)
         return read_model_config(self.model)
 
     def generation_config(self) -> dict:
+        if self.is_gguf:
+            return {}
         path = os.path.join(self.model, "generation_config.json")
         if not os.path.isfile(path):
             return {}
@@ -166,13 +187,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         """Validate every option, read config.json, and write the derived values back. Idempotent."""
         if self.finalized:
             return self
-        if not self.model:
-            from engine.models.demo import ensure_demo_model  # stdlib only; builds files on first use
-
-            self.model = ensure_demo_model()
-            if self.served_model_name is None:
-                self.served_model_name = "ringserve-demo"
-        self.model = os.path.abspath(os.path.expanduser(self.model))
+        self._resolve_model()
         if self.tokenizer:
             self.tokenizer = os.path.abspath(os.path.expanduser(self.tokenizer))
         _check_choice("dtype", self.dtype, DTYPES)
@@ -240,7 +255,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         elif self.max_model_len > limit:
             raise ConfigError(
                 f"max_model_len {self.max_model_len} exceeds the model's limit of {limit} tokens "
-                f"(max_position_embeddings in {self.model}/config.json)"
+                f"(max_position_embeddings in {self.model}{'' if self.is_gguf else '/config.json'})"
             )
         _check_positive("max_model_len", self.max_model_len)
         # The request ring must take a max_model_len prompt (4 B a token) plus its sampling params; the
@@ -306,6 +321,28 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"ring_bytes {self.ring_bytes} is too small for the grammar bitmasks of max_num_seqs "
                 f"{self.max_num_seqs} over a {self.vocab_size}-token vocabulary: ring_bytes >= {needed} is needed"
             )
+
+    def _resolve_model(self) -> None:
+        """Turn MODEL into a local directory or GGUF file: built-in names, then local paths, then hub ids."""
+        if self.model in ("", DEMO_NAME):
+            from engine.models.demo import ensure_demo_model  # stdlib only; builds files on first use
+
+            self.model = ensure_demo_model()
+            self.served_model_name = self.served_model_name or DEMO_NAME
+            return
+        if self.model == SMOLLM2_NAME:
+            path = find_smollm2()
+            if path is None:
+                raise ConfigError(f"{SMOLLM2_NAME} is not installed; install it with: {SMOLLM2_INSTALL}")
+            self.model = path
+            self.served_model_name = self.served_model_name or SMOLLM2_NAME
+            return
+        from engine.models.hub import looks_like_repo_id, resolve_repo
+
+        if looks_like_repo_id(self.model):
+            self.served_model_name = self.served_model_name or self.model
+            self.model = resolve_repo(self.model, self.revision, self.download_dir)
+        self.model = os.path.abspath(os.path.expanduser(self.model))
 
     def _resolve_device(self) -> str:
         if self.device != "auto":

@@ -19,7 +19,8 @@ PACKAGES = ("engine", "frontend", "shm", "kernels", "tools")
 CONTRACTS = ("engine.config", "engine.errors", "engine.sampling_params", "engine.messages", "engine.outputs",
              "engine.process", "engine.distributed", "engine.block_hash",
              "engine.structured_spec")
-MODEL_ARGS = ("engine.models.model_args", "engine.models.demo")
+MODEL_ARGS = ("engine.models.model_args", "engine.models.demo", "engine.models.bundled", "engine.models.hub",
+              "engine.models.gguf_file", "engine.models.gguf_config")     # torch-free model descriptions
 FRONTEND_MAY_USE = ("engine!", "engine.config", "engine.sampling_params", "engine.outputs", "engine.errors",
                     "engine.structured_spec", "engine.client", "frontend")
 

@@ -1,10 +1,11 @@
-"""Building a model shard and filling its weights: safetensors (one file or a sharded index) or dummy.
+"""Building a model shard and filling its weights: safetensors (one file or a sharded index), GGUF or dummy.
 
 Checkpoint tensors keep their Hugging Face names; each is routed to the module, parameter and shard id it
 loads into (`checkpoint_params`), and that module's weight_loader keeps only this rank's part. Safetensors
 are read through lazy slices, so a rank reads only its shard's bytes. Dummy weights are generated per
 checkpoint tensor from (seed, name) at the tensor's full shape and go through the same weight loaders, so
-a dummy model is the same at every tensor-parallel size.
+a dummy model is the same at every tensor-parallel size. A GGUF file's tensors are dequantized one at a
+time and arrive under their HF names (`gguf_weights`), so they too go through the same weight loaders.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from engine.config import ConfigError, EngineConfig
 from engine.layers.cpu_matmul import should_upcast, upcast_matmul_weights
 from engine.layers.weights import CheckpointWeights, SafetensorsSource, ShardId, TensorSource, WeightSource
 from engine.models import CausalLM, ModelArgs, get_model_class
+from engine.models.gguf_file import is_gguf_path, read_gguf
+from engine.models.gguf_weights import gguf_checkpoint, hf_name
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -65,6 +68,8 @@ def load_model(
     show_progress = progress and tp_rank == 0
     if config.load_format == "dummy":
         load_dummy_weights(model, seed=config.seed, progress=show_progress)
+    elif is_gguf_path(config.model):
+        load_gguf_weights(model, config.model, progress=show_progress)
     else:
         load_safetensors_weights(model, config.model, progress=show_progress)
     if should_upcast(torch.device(device), dtype):
@@ -113,6 +118,17 @@ def load_safetensors_weights(model: CausalLM, model_dir: str, *, progress: bool 
         for name, f in tqdm(names.items(), desc="Loading weights", unit="tensor", file=sys.stderr,
                             disable=not progress):
             load_tensor(name, params[name], SafetensorsSource(f.get_slice(name)))
+
+
+def load_gguf_weights(model: CausalLM, path: str, *, progress: bool = True) -> None:
+    """Fill every parameter from a GGUF file, dequantizing each tensor to float32 as it is loaded."""
+    params = checkpoint_params(model)
+    names = [hf for hf in map(hf_name, read_gguf(path).tensors) if hf is not None and not _ignored(hf, model)]
+    _check_names(set(names), set(params), path)
+    for name, tensor in tqdm(gguf_checkpoint(path), desc="Loading GGUF weights", unit="tensor", file=sys.stderr,
+                             total=len(names), disable=not progress):
+        if not _ignored(name, model):
+            load_tensor(name, params[name], TensorSource(tensor))
 
 
 def load_dummy_weights(model: CausalLM, *, seed: int, progress: bool = True) -> None:
@@ -181,4 +197,4 @@ def _tensor_seed(seed: int, name: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 63)
 
 
-__all__ = ["checkpoint_params", "load_dummy_weights", "load_model", "load_safetensors_weights", "load_tensor"]
+__all__ = ["checkpoint_params", "load_dummy_weights", "load_gguf_weights", "load_model", "load_safetensors_weights", "load_tensor"]
