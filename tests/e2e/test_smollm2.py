@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(find_smollm2() is None, reason=f"{SMOLLM2_NAME} 
 
 
 def test_default_server_answers_with_the_real_model():
-    with ServerProcess("--kv-cache-memory", "64MiB", "--max-model-len", "2048", startup_timeout=300) as s:
+    with ServerProcess("--kv-cache-memory", "256MiB", "--max-model-len", "2048", startup_timeout=300) as s:
         assert s.model == SMOLLM2_NAME
         client = openai.OpenAI(base_url=s.base_url, api_key="unused")
         assert [m.id for m in client.models.list().data] == [SMOLLM2_NAME]
