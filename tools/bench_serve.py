@@ -313,25 +313,29 @@ async def prefix_cache_counters(client: httpx.AsyncClient, base_url: str) -> tup
 
 async def first_served_model(client: httpx.AsyncClient, base_url: str) -> tuple[str, str | None]:
     """The id of the first model the server lists at /v1/models, and its `root` (vLLM puts the model's
-    path there) when that is a local directory, to find the tokenizer."""
+    path there) when that is a local directory or GGUF file, to find the tokenizer."""
     try:
         response = await client.get(base_url + "/v1/models")
         response.raise_for_status()
         entry = response.json()["data"][0]
         root = entry.get("root")
-        return entry["id"], root if isinstance(root, str) and os.path.isdir(root) else None
+        return entry["id"], root if isinstance(root, str) and _local_model(root) else None
     except (httpx.HTTPError, KeyError, IndexError, ValueError, AttributeError) as e:
         raise BenchError(
             f"cannot read the served model from {base_url}/v1/models ({e}); pass --model"
         ) from None
 
 
+def _local_model(path: str) -> bool:
+    return os.path.isdir(path) or (path.lower().endswith(".gguf") and os.path.isfile(path))
+
+
 def load_bench_tokenizer(path: str | None, model: str):
-    """The tokenizer at `path`, or at `model` when that is a local directory; never downloads."""
+    """The tokenizer at `path`, or at `model` when that is a local directory or GGUF file; never downloads."""
     from engine.client.tokenizer import load_tokenizer
     from engine.config import EngineConfig
 
-    path = path or (model if os.path.isdir(model) else None)
+    path = path or (model if _local_model(model) else None)
     if path is None:
         raise BenchError(f"no tokenizer: the model {model!r} is not a local directory; pass --tokenizer PATH")
     return load_tokenizer(EngineConfig(tokenizer=path))

