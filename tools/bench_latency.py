@@ -136,8 +136,10 @@ def measure_transformers(model: str, batch: int, input_len: int, output_len: int
 @click.option("--iters", default=3, show_default=True, help="repetitions; the best is kept")
 @click.option("--hf/--no-hf", default=False, show_default=True,
               help="Also time transformers on the same weights (CPU only).")
+@click.option("--cpu-threads", type=int, default=None,
+              help="torch threads of each engine on the CPU (default: ringserve's choice, torch's for transformers)")
 @click.option("--json", "as_json", is_flag=True)
-def cli(model, tokenizer, load_format, dtype, batch_size, input_len, output_len, iters, hf, as_json):
+def cli(model, tokenizer, load_format, dtype, batch_size, input_len, output_len, iters, hf, cpu_threads, as_json):
     """Per-token decode time at a fixed batch, and the weight bandwidth it achieves."""
     from engine.config import EngineConfig
 
@@ -148,12 +150,16 @@ def cli(model, tokenizer, load_format, dtype, batch_size, input_len, output_len,
     rows = []
     for name, eager in modes:
         r = measure(model, tokenizer, batch_size, input_len, output_len, iters, load_format=load_format,
-                    dtype=dtype, enforce_eager=eager)
+                    dtype=dtype, enforce_eager=eager, cpu_threads=cpu_threads)
         r["mode"] = name
         r["weight_gb_per_s"] = nbytes / (r["decode_step_ms"] / 1e3) / 1e9
         r["peak_fraction"] = None if peak is None else r["weight_gb_per_s"] * 1e9 / peak
         rows.append(r)
     if hf and device == "cpu":
+        if cpu_threads:
+            import torch
+
+            torch.set_num_threads(cpu_threads)
         r = measure_transformers(model, batch_size, input_len, output_len, iters, dtype, load_format)
         r["mode"] = "transformers"
         r["weight_gb_per_s"] = nbytes / (r["decode_step_ms"] / 1e3) / 1e9
