@@ -88,7 +88,7 @@ def best_hit_rate(tokenizer, requests: list[SampleRequest], block_size: int) -> 
 
 
 @click.command()
-@click.argument("model", required=False, default="")
+@click.argument("model", required=False, default="ringserve-demo")
 @click.option("--dp", default=2, show_default=True, type=int, help="Data-parallel engines.")
 @click.option("--load-format", default="fake", show_default=True)
 @click.option("--policies", default="prefix,round_robin", show_default=True)

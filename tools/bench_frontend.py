@@ -29,7 +29,7 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, int, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "serve", "--load-format", "fake",
+    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "serve", "ringserve-demo", "--load-format", "fake",
                              "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
     for line in proc.stdout:

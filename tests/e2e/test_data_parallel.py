@@ -60,7 +60,7 @@ def server(kv_events_dir):
         config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{kv_events_dir}/pub",
                   "replay_endpoint": f"ipc://{kv_events_dir}/replay"}
         events = ["--kv-events-config", json.dumps(config)]
-    with ServerProcess("-dp", "2", "--load-format", "fake", *events) as s:
+    with ServerProcess("ringserve-demo", "-dp", "2", "--load-format", "fake", *events) as s:
         yield s
 
 
@@ -161,7 +161,7 @@ def scheduler_of_rank(server_pid: int, rank: int) -> int:
 
 def test_sigkill_of_one_engine_fails_its_requests_fast_and_leaves_nothing_behind():
     before = ours_in_shm()
-    with ServerProcess("-dp", "2", "--load-format", "fake") as s:
+    with ServerProcess("ringserve-demo", "-dp", "2", "--load-format", "fake") as s:
         victim = scheduler_of_rank(s.proc.pid, 0)
         victim_executors = descendants(victim)
         outcome: dict[str, list[str]] = {}

@@ -32,7 +32,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def deployment():
-    with ServerProcess("--load-format", "fake") as a, ServerProcess("--load-format", "fake") as b:
+    with ServerProcess("ringserve-demo", "--load-format", "fake") as a, \
+            ServerProcess("ringserve-demo", "--load-format", "fake") as b:
         port = free_port()
         router = subprocess.Popen(
             [ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", a.url, b.url,
