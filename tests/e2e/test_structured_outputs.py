@@ -22,7 +22,7 @@ EOS = [258]
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess("--max-model-len", "512") as s:
+    with ServerProcess("ringserve-demo", "--max-model-len", "512") as s:
         yield s
 
 

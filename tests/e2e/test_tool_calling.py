@@ -29,7 +29,7 @@ HERMES_CALL = r'<tool_call>\n\{"name": "get_time", "arguments": \{"tz": "(UTC|CE
 
 
 def start(*flags: str) -> ServerProcess:
-    return ServerProcess("--max-model-len", "1024", *flags)
+    return ServerProcess("ringserve-demo", "--max-model-len", "1024", *flags)
 
 
 @pytest.fixture(scope="module")
