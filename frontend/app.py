@@ -32,6 +32,7 @@ from frontend.responses import json_response
 from frontend.serving_chat import OpenAIServingChat
 from frontend.serving_completions import OpenAIServingCompletion
 from frontend.serving_engine import ServingContext
+from frontend.serving_messages import AnthropicServingMessages
 from frontend.serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger("ringserve.server")
@@ -52,10 +53,13 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
     completions = OpenAIServingCompletion(ctx)
     chat = OpenAIServingChat(ctx)
     tokenization = OpenAIServingTokenization(ctx)
+    messages = AnthropicServingMessages(ctx)
     handlers = _Handlers(ctx)
     routes = [
         Route("/v1/completions", completions.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", chat.create_chat_completion, methods=["POST"]),
+        Route("/v1/messages", messages.create_message, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
         Route("/metrics", handlers.metrics, methods=["GET"]),
@@ -102,7 +106,8 @@ class _Handlers:
     async def health(self, request: Request) -> Response:
         engine = self.ctx.engine
         if engine.is_dead:
-            return error_response(ApiError(503, f"the engine is not running: {engine.dead_error}"))
+            return error_response(ApiError(503, f"the engine is not running: {engine.dead_error}"),
+                                  path=request.url.path)
         return Response(status_code=200)
 
     async def models(self, request: Request) -> Response:
@@ -140,18 +145,18 @@ class _Handlers:
 
 
 async def _api_error(request: Request, exc: ApiError) -> Response:
-    return error_response(exc)
+    return error_response(exc, path=request.url.path)
 
 
 async def _engine_error(request: Request, exc: EngineDeadError) -> Response:
-    return error_response(from_engine_error(exc))
+    return error_response(from_engine_error(exc), path=request.url.path)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     # no route or method: the handler that would have read the body never ran
-    return error_response(ApiError(exc.status_code, exc.detail), body_unread=True)
+    return error_response(ApiError(exc.status_code, exc.detail), body_unread=True, path=request.url.path)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     logger.error("unhandled error on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-    return error_response(ApiError(500, f"internal error: {type(exc).__name__}"))
+    return error_response(ApiError(500, f"internal error: {type(exc).__name__}"), path=request.url.path)

@@ -1,4 +1,6 @@
-"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, with the HTTP status."""
+"""Errors with their HTTP status, in the shape of the API that was called: OpenAI's
+{"error": {"message", "type", "param", "code"}} everywhere but under /v1/messages, where Anthropic clients
+expect {"type": "error", "error": {"type", "message"}}."""
 
 from __future__ import annotations
 
@@ -24,6 +26,17 @@ ERROR_TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATH = "/v1/messages"
 
 
 class ApiError(Exception):
@@ -45,11 +58,30 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
                       "code": status}}
 
 
-def error_response(error: ApiError, *, body_unread: bool = False) -> Response:
+def anthropic_error_body(status: int, message: str, param: str | None = None) -> dict:
+    """Anthropic's error shape has no param field: the message names it."""
+    if param and param not in message:
+        message = f"{param}: {message}"
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def error_body_for(path: str, status: int, message: str, param: str | None = None) -> dict:
+    """The error body in the shape of the API that `path` belongs to."""
+    if is_anthropic_path(path):
+        return anthropic_error_body(status, message, param)
+    return error_body(status, message, param)
+
+
+def error_response(error: ApiError, *, body_unread: bool = False, path: str = "") -> Response:
     """body_unread: the request body was not (fully) read, so the connection must not carry another
     request (the client would race the server's half-read stream); "connection: close" says so."""
     headers = {"connection": "close"} if body_unread or error.status == 413 else None
-    return Response(orjson.dumps(error_body(error.status, error.message, error.param)),
+    return Response(orjson.dumps(error_body_for(path, error.status, error.message, error.param)),
                     status_code=error.status, media_type="application/json", headers=headers)
 
 

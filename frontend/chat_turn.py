@@ -1,0 +1,143 @@
+"""One chat turn for the agent APIs (Anthropic Messages, OpenAI Responses), which are layers over chat.
+
+Each API translates its request into a ChatCompletionRequest and runs it here through the chat path: the
+same checks, chat template, sampling params and engine stream as /v1/chat/completions, with n=1. What comes
+back is a small vocabulary of events that both APIs translate into their own shapes: answer text, reasoning
+text, the start of a tool call and its argument fragments. Splitting the raw model text into these is an
+`OutputParser`'s job; with no tool or reasoning parser in play every token is answer text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from frontend.choices import Choice, stream_choice
+from frontend.protocol import ChatCompletionRequest
+from frontend.serving_chat import check_unsupported
+from frontend.serving_engine import OpenAIServing
+
+TEXT = "text"
+REASONING = "reasoning"
+TOOL_CALL = "tool_call"        # a tool call starts; the event's text is the tool's name
+TOOL_ARGS = "tool_args"        # a fragment of the current tool call's JSON arguments
+
+
+@dataclass(slots=True)
+class TurnEvent:
+    kind: str
+    text: str
+
+
+@dataclass(slots=True)
+class ToolCall:
+    name: str
+    arguments: str = ""
+
+
+class OutputParser(Protocol):
+    """Turns the model's text, fed as it is detokenized, into turn events."""
+
+    def feed(self, text: str) -> list[TurnEvent]: ...
+
+    def finish(self) -> list[TurnEvent]: ...
+
+
+class TextOnly:
+    """Every token is answer text."""
+
+    def feed(self, text: str) -> list[TurnEvent]:
+        return [TurnEvent(TEXT, text)] if text else []
+
+    def finish(self) -> list[TurnEvent]:
+        return []
+
+
+@dataclass(slots=True)
+class Turn:
+    """One generation on its way; `events()` drives it and keeps the whole output for the final object."""
+
+    engine: object
+    choice: Choice
+    prompt_tokens: int
+    parser: OutputParser
+    priority: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    async def events(self) -> AsyncIterator[TurnEvent]:
+        """The turn's events in order; closing the iterator early aborts the engine request."""
+        async with aclosing(stream_choice(self.engine, self.choice, priority=self.priority)) as stream:
+            async for _, text, _ in stream:
+                for event in self.parser.feed(text):
+                    self._keep(event)
+                    yield event
+        for event in self.parser.finish():
+            self._keep(event)
+            yield event
+
+    async def run(self) -> None:
+        """Drive the turn to its end (non-streaming responses)."""
+        async with aclosing(self.events()) as events:
+            async for _ in events:
+                pass
+
+    def _keep(self, event: TurnEvent) -> None:
+        if event.kind == TEXT:
+            self.text += event.text
+        elif event.kind == REASONING:
+            self.reasoning += event.text
+        elif event.kind == TOOL_CALL:
+            self.tool_calls.append(ToolCall(event.text))
+        else:
+            self.tool_calls[-1].arguments += event.text
+
+    @property
+    def finish_reason(self) -> str | None:
+        """"stop" (EOS, stop token or stop string), "length" or "abort", as the engine says."""
+        return self.choice.finish_reason
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the turn, if one did."""
+        reason = self.choice.stop_reason
+        return reason if isinstance(reason, str) else None
+
+    @property
+    def output_tokens(self) -> int:
+        return self.choice.num_output_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.choice.num_cached_tokens
+
+
+class AgentServing(OpenAIServing):
+    """The shared base of the agent API handlers: run a translated chat request as one Turn."""
+
+    async def start_turn(self, chat: ChatCompletionRequest, arrival: float, request_id: str, *,
+                         names: dict[str, str], prompt_param: str) -> Turn:
+        """Check and render `chat`, and prepare its engine request (it starts when events() is iterated).
+
+        `names` maps chat fields to this API's names for error messages ("max_tokens" -> "max_output_tokens").
+        """
+        check_unsupported(chat)
+        prompt = await self.chat_prompt(chat, chat.add_special_tokens)
+        params = self.sampling_params(chat, logprobs=None, prompt_logprobs=None, names=names)
+        params = self.prompt_params(params, len(prompt), chat.max_tokens, names.get("max_tokens", "max_tokens"),
+                                    prompt_param)
+        [choice] = self.make_choices(request_id, [prompt], [params], 1, arrival, keep_output=False)
+        return Turn(self.engine, choice, len(prompt), self.output_parser(chat))
+
+    def output_parser(self, chat: ChatCompletionRequest) -> OutputParser:
+        """The parser for this request's output: plain text until tool and reasoning parsers plug in here."""
+        return TextOnly()
+
+    async def count_prompt_tokens(self, chat: ChatCompletionRequest) -> int:
+        """Tokens of the prompt `chat` renders to (count_tokens), without generating."""
+        return len(await self.chat_prompt(chat, chat.add_special_tokens))
