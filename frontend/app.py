@@ -33,6 +33,7 @@ from frontend.serving_chat import OpenAIServingChat
 from frontend.serving_completions import OpenAIServingCompletion
 from frontend.serving_engine import ServingContext
 from frontend.serving_messages import AnthropicServingMessages
+from frontend.serving_responses import OpenAIServingResponses
 from frontend.serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger("ringserve.server")
@@ -54,12 +55,16 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
     chat = OpenAIServingChat(ctx)
     tokenization = OpenAIServingTokenization(ctx)
     messages = AnthropicServingMessages(ctx)
+    responses = OpenAIServingResponses(ctx)
     handlers = _Handlers(ctx)
     routes = [
         Route("/v1/completions", completions.create_completion, methods=["POST"]),
         Route("/v1/chat/completions", chat.create_chat_completion, methods=["POST"]),
         Route("/v1/messages", messages.create_message, methods=["POST"]),
         Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses.create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
         Route("/metrics", handlers.metrics, methods=["GET"]),

@@ -26,6 +26,10 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     max_request_body_bytes: int = 16 * MiB   # larger bodies get 413
     max_header_bytes: int = 16 * 1024        # request line + headers; larger requests are refused
     log_stats_interval: float = 5.0          # seconds between "engine busy" log lines; 0 disables them
+    # The Responses API's store (previous_response_id, GET /v1/responses/{id}): bounded and expiring.
+    responses_store_max_entries: int = 1024
+    responses_store_max_bytes: int = 256 * MiB
+    responses_store_ttl: float = 3600.0      # seconds a stored response is kept
     # tool calling and reasoning (vLLM's flags)
     enable_auto_tool_choice: bool = False    # tool_choice "auto" (needs tool_call_parser)
     tool_call_parser: str | None = None      # how calls are read from the output, and forced
@@ -43,9 +47,12 @@ class ServerConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}; got {self.log_level!r}")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
-        for name in ("max_request_body_bytes", "max_header_bytes"):
+        for name in ("max_request_body_bytes", "max_header_bytes", "responses_store_ttl"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("responses_store_max_entries", "responses_store_max_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.api_key == "":
             raise ConfigError("api_key must not be empty")
         for name, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):

@@ -47,6 +47,10 @@ def _origins(ctx, param, values: tuple[str, ...]) -> list[str]:
 @click.option("--profile-dir", type=click.Path(file_okay=False), default=None,
               help="Enable /start_profile and /stop_profile, writing traces here.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", help="Log verbosity.")
+@click.option("--responses-store-max-entries", type=click.IntRange(min=0), default=1024,
+              help="Most responses the Responses API keeps for previous_response_id (0: store nothing).")
+@click.option("--responses-store-ttl", type=click.FloatRange(min=0, min_open=True), default=3600.0,
+              help="Seconds the Responses API keeps a stored response.")
 @click.option("--enable-auto-tool-choice", is_flag=True,
               help="Allow tool_choice 'auto': tool calls are parsed out of the output (needs --tool-call-parser).")
 @click.option("--tool-call-parser", type=click.Choice(TOOL_CALL_PARSERS), default=None,
@@ -91,6 +95,8 @@ def _server_config(model: str, options: dict) -> ServerConfig:
         allowed_origins=options["allowed_origins"], chat_template=options["chat_template"],
         shutdown_timeout=options["shutdown_timeout"], enable_access_log=options["enable_access_log"],
         log_level=options["log_level"], profile_dir=options["profile_dir"],
+        responses_store_max_entries=options["responses_store_max_entries"],
+        responses_store_ttl=options["responses_store_ttl"],
         enable_auto_tool_choice=options["enable_auto_tool_choice"], tool_call_parser=options["tool_call_parser"],
         exclude_tools_when_tool_choice_none=options["exclude_tools_when_tool_choice_none"],
         reasoning_parser=options["reasoning_parser"], reasoning_field=options["reasoning_field"],
