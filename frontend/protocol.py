@@ -113,7 +113,12 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+DEFAULT_COMPLETION_MAX_TOKENS = 16     # OpenAI's and vLLM's default when a completions request omits max_tokens
+
+
 class CompletionRequest(SamplingRequest, kw_only=True):
+    # Omitted: 16 (OpenAI's default, capped by the context); an explicit null: what the context allows (vLLM's).
+    max_tokens: PositiveInt | None | msgspec.UnsetType = msgspec.UNSET
     # str | list[str] | list[int] | list[list[int]]; msgspec allows one array type per union, so the list's
     # elements are checked to be all of one kind when the request is served.
     prompt: str | Annotated[list[str | int | TokenIdList], Meta(max_length=1 << 20)]

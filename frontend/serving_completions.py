@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 from starlette.requests import Request
 
 from engine.outputs import RequestDelta
 from frontend.choices import Choice
 from frontend.errors import invalid
 from frontend.logprobs import completion_logprobs, prompt_logprobs_json
-from frontend.protocol import MAX_PROMPTS, CompletionRequest
+from frontend.protocol import DEFAULT_COMPLETION_MAX_TOKENS, MAX_PROMPTS, CompletionRequest
 from frontend.responses import DisconnectAwareResponse
 from frontend.serving_engine import GenerationJob, OpenAIServing
 from frontend.structured_outputs import structured_outputs
@@ -37,7 +38,7 @@ class OpenAIServingCompletion(OpenAIServing):
         structured, structured_param = await structured_outputs(req)
         params = self.sampling_params(req, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs, names={},
                                       structured_outputs=structured)
-        per_prompt = [self.prompt_params(params, len(ids), req.max_tokens, "max_tokens", "prompt")
+        per_prompt = [self.prompt_params(params, len(ids), self._max_tokens(req, len(ids)), "max_tokens", "prompt")
                       for ids in prompts]
         echo_texts = None
         if req.echo:
@@ -53,6 +54,12 @@ class OpenAIServingCompletion(OpenAIServing):
             structured=structured_param,
         )
         return self.respond(job)
+
+    def _max_tokens(self, req: CompletionRequest, prompt_len: int) -> int | None:
+        if req.max_tokens is not msgspec.UNSET:
+            return req.max_tokens
+        # the default never makes a request fail: it is capped by what the context has left
+        return max(1, min(DEFAULT_COMPLETION_MAX_TOKENS, self.ctx.max_model_len - prompt_len))
 
     @staticmethod
     def _split_prompts(prompt) -> tuple[list[str], list[list[int]]]:

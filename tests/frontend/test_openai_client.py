@@ -186,10 +186,16 @@ def test_token_prompts_and_batches(client):
     assert echoed.choices[0].text == "hi" + SCRIPT[0]
 
 
-def test_max_tokens_unset_fills_the_context(client, served):
+def test_max_tokens_omitted_is_16_and_null_fills_the_context(client, served):
     _, fake = served
+    client.completions.create(model="tiny", prompt="x" * 100, temperature=0)
+    assert fake.submitted[-1][2].max_tokens == 16               # OpenAI's and vLLM's default
     client.completions.create(model="tiny", prompt="x" * 500, temperature=0)
-    assert fake.submitted[-1][2].max_tokens == 512 - 500
+    assert fake.submitted[-1][2].max_tokens == 512 - 500        # the default, capped by the context
+    client.completions.create(model="tiny", prompt="x" * 100, temperature=0, max_tokens=None)
+    assert fake.submitted[-1][2].max_tokens == 512 - 100        # explicit null: what the context allows
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=0)
+    assert fake.submitted[-1][2].max_tokens == 512 - len(fake.submitted[-1][1])   # chat keeps its default
 
 
 def test_context_overflow_is_a_bad_request_naming_the_culprit(client):
