@@ -10,6 +10,7 @@ import contextlib
 import logging
 import time
 
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -27,6 +28,7 @@ from frontend.errors import ApiError, error_response, from_engine_error
 from frontend.logprobs import TokenStrings
 from frontend.metrics import CONTENT_TYPE, ServerMetrics, log_stats_periodically
 from frontend.middleware import ServerMiddleware
+from frontend.openapi import openapi_document
 from frontend.profiling import RequestEventLog
 from frontend.responses import json_response
 from frontend.serving_chat import OpenAIServingChat
@@ -73,6 +75,7 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
         Route("/detokenize", tokenization.create_detokenize, methods=["POST"]),
         Route("/start_profile", handlers.start_profile, methods=["POST"]),
         Route("/stop_profile", handlers.stop_profile, methods=["POST"]),
+        Route("/openapi.json", handlers.openapi, methods=["GET"]),
     ]
     middleware = []
     if config.allowed_origins:
@@ -102,11 +105,12 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
 
 
 class _Handlers:
-    """The small routes: health, models, metrics, version, profiling."""
+    """The small routes: health, models, metrics, version, profiling, the OpenAPI document."""
 
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
         self.created = int(time.time())
+        self._openapi = orjson.dumps(openapi_document(version(), ctx.model_name))
 
     async def health(self, request: Request) -> Response:
         engine = self.ctx.engine
@@ -123,6 +127,9 @@ class _Handlers:
 
     async def metrics(self, request: Request) -> Response:
         return Response(self.ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def openapi(self, request: Request) -> Response:
+        return Response(self._openapi, media_type="application/json")
 
     async def version(self, request: Request) -> Response:
         return json_response({"version": version()})

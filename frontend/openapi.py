@@ -1,0 +1,155 @@
+"""GET /openapi.json: an OpenAPI 3.1 document of every route, generated from the msgspec request types.
+
+Request bodies are the Structs the handlers decode with (msgspec.json.schema_components), so the document
+cannot drift from what the server accepts. Response bodies are described by the small hand-written schemas
+below: the keys clients rely on, each object open to more. Errors are in OpenAI's shape, and in Anthropic's
+under /v1/messages. A test fuzzes the server with schemathesis against this document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from frontend.anthropic_protocol import CountTokensRequest, MessagesRequest
+from frontend.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from frontend.responses_protocol import ResponsesRequest
+
+REF = "#/components/schemas/{name}"
+
+
+def _obj(required: dict[str, dict], **optional: dict) -> dict:
+    return {"type": "object", "required": list(required), "properties": {**required, **optional}}
+
+
+STR, INT, BOOL, NUM = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "number"}
+OBJ, ARR = {"type": "object"}, {"type": "array"}
+
+
+def _nullable(schema: dict) -> dict:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+USAGE = _obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT})
+RESPONSE_SCHEMAS = {
+    "OpenAIError": _obj({"error": _obj({"message": STR, "type": STR, "code": INT}, param=_nullable(STR))}),
+    "AnthropicError": _obj({"type": {"const": "error"}, "error": _obj({"type": STR, "message": STR})}),
+    "Completion": _obj({"id": STR, "object": {"const": "text_completion"}, "created": INT, "model": STR,
+                        "choices": {"type": "array", "items": _obj({"index": INT, "text": STR,
+                                                                    "finish_reason": _nullable(STR)})},
+                        "usage": USAGE}),
+    "ChatCompletion": _obj({"id": STR, "object": {"const": "chat.completion"}, "created": INT, "model": STR,
+                            "choices": {"type": "array", "items": _obj({
+                                "index": INT, "finish_reason": _nullable(STR),
+                                "message": _obj({"role": STR}, content=_nullable(STR))})},
+                            "usage": USAGE}),
+    "AnthropicMessage": _obj({"id": STR, "type": {"const": "message"}, "role": {"const": "assistant"}, "model": STR,
+                     "content": {"type": "array", "items": _obj({"type": {"enum": ["text", "thinking", "tool_use"]}})},
+                     "stop_reason": _nullable({"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}),
+                     "stop_sequence": _nullable(STR),
+                     "usage": _obj({"input_tokens": INT, "output_tokens": INT})}),
+    "TokenCount": _obj({"input_tokens": INT}),
+    "ResponseObject": _obj({"id": STR, "object": {"const": "response"}, "created_at": INT, "model": STR,
+                      "status": {"enum": ["completed", "incomplete", "in_progress", "failed"]},
+                      "output": {"type": "array", "items": _obj({
+                          "type": {"enum": ["message", "reasoning", "function_call"]}, "id": STR})},
+                      "usage": _nullable(_obj({"input_tokens": INT, "output_tokens": INT, "total_tokens": INT}))}),
+    "ResponseDeleted": _obj({"id": STR, "object": STR, "deleted": BOOL}),
+    "ModelList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _obj({"id": STR})}}),
+    "Tokenized": _obj({"count": INT, "max_model_len": INT, "tokens": {"type": "array", "items": INT}}),
+    "Detokenized": _obj({"prompt": STR}),
+    "Version": _obj({"version": STR}),
+    "Object": OBJ,
+    # One server-sent event (schemathesis checks each event of a stream against it).
+    "OpenAIEvent": _obj({"data": STR}, event=STR),
+    "AnthropicEvent": _obj({"data": STR, "event": {"enum": [
+        "message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+        "message_stop", "ping", "error"]}}),
+    "ResponsesEvent": _obj({"data": STR, "event": {"type": "string", "pattern": "^(response\\.[a-z_.]+|error)$"}}),
+}
+EVENT_SCHEMAS = {"/v1/messages": "AnthropicEvent", "/v1/responses": "ResponsesEvent"}
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    request: type | None = None          # the msgspec type the handler decodes the body as
+    response: str | None = None          # a RESPONSE_SCHEMAS name; None: no JSON body
+    streams: bool = False                # "stream": true answers with server-sent events
+    media_type: str = "application/json"
+
+
+OPERATIONS = [
+    Operation("POST", "/v1/completions", "Text completions (OpenAI)", CompletionRequest, "Completion", True),
+    Operation("POST", "/v1/chat/completions", "Chat completions (OpenAI)", ChatCompletionRequest,
+              "ChatCompletion", True),
+    Operation("POST", "/v1/messages", "Messages (Anthropic)", MessagesRequest, "AnthropicMessage", True),
+    Operation("POST", "/v1/messages/count_tokens", "Count a Messages prompt's tokens (Anthropic)",
+              CountTokensRequest, "TokenCount"),
+    Operation("POST", "/v1/responses", "Responses (OpenAI)", ResponsesRequest, "ResponseObject", True),
+    Operation("GET", "/v1/responses/{response_id}", "A stored response", None, "ResponseObject"),
+    Operation("DELETE", "/v1/responses/{response_id}", "Delete a stored response", None, "ResponseDeleted"),
+    Operation("GET", "/v1/models", "The served model", None, "ModelList"),
+    Operation("GET", "/health", "200 while the engine runs, 503 when it is dead"),
+    Operation("GET", "/metrics", "Prometheus metrics", media_type="text/plain"),
+    Operation("GET", "/version", "The server's version", None, "Version"),
+    Operation("POST", "/tokenize", "Tokenize a prompt or chat messages (vLLM)", TokenizeRequest, "Tokenized"),
+    Operation("POST", "/detokenize", "Token ids to text (vLLM)", DetokenizeRequest, "Detokenized"),
+    Operation("POST", "/start_profile", "Start a profile (with --profile-dir)", None, "Object"),
+    Operation("POST", "/stop_profile", "Stop the profile", None, "Object"),
+    Operation("GET", "/openapi.json", "This document", None, "Object"),
+]
+
+
+def openapi_document(version: str, model_name: str) -> dict:
+    """The document; `model` fields name the one model this server serves (any other name is a 404)."""
+    requests = [op.request for op in OPERATIONS if op.request is not None]
+    refs, components = msgspec.json.schema_components(requests, ref_template=REF)
+    for name in {request.__name__ for request in requests}:
+        properties = components[name]["properties"]
+        if "model" in properties:
+            served = {"enum": [model_name]}
+            optional = "model" not in components[name].get("required", ())
+            properties["model"] = _nullable(served) if optional else served
+    body_refs = dict(zip(requests, refs, strict=True))
+    clashes = components.keys() & RESPONSE_SCHEMAS.keys()
+    if clashes:
+        raise RuntimeError(f"response schema names clash with request types: {clashes}")
+    components.update(RESPONSE_SCHEMAS)
+    paths: dict[str, dict] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, body_refs.get(op.request))
+    return {"openapi": "3.1.0",
+            "info": {"title": "ringserve", "version": version,
+                     "description": "OpenAI- and Anthropic-compatible LLM serving"},
+            "paths": paths, "components": {"schemas": components,
+                                           "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                                               "apiKey": {"type": "apiKey", "in": "header",
+                                                                          "name": "x-api-key"}}}}
+
+
+def _operation(op: Operation, body_ref: dict | None) -> dict:
+    error = {"$ref": REF.format(name="AnthropicError" if op.path.startswith("/v1/messages") else "OpenAIError")}
+    ok: dict = {"description": "OK"}
+    if op.response is not None:
+        ok["content"] = {op.media_type: {"schema": {"$ref": REF.format(name=op.response)}}}
+    elif op.media_type != "application/json":
+        ok["content"] = {op.media_type: {"schema": STR}}
+    if op.streams:
+        event = EVENT_SCHEMAS.get(op.path, "OpenAIEvent")
+        ok["content"]["text/event-stream"] = {"schema": {"$ref": REF.format(name=event)}}
+    out = {"summary": op.summary, "operationId": f"{op.method.lower()} {op.path}",
+           "responses": {"200": ok, "4XX": {"description": "The request was refused",
+                                            "content": {"application/json": {"schema": error}}},
+                         "5XX": {"description": "The engine is not running, or the server failed",
+                                 "content": {"application/json": {"schema": error}}}}}
+    if body_ref is not None:
+        out["requestBody"] = {"required": True, "content": {"application/json": {"schema": body_ref}}}
+    if "{response_id}" in op.path:
+        out["parameters"] = [{"name": "response_id", "in": "path", "required": True, "schema": STR}]
+    if op.path != "/health":
+        out["security"] = [{}, {"bearer": []}, {"apiKey": []}]
+    return out
