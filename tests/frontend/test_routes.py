@@ -136,8 +136,8 @@ def test_api_key_compare_is_constant_time(monkeypatch):
         return False
 
     monkeypatch.setattr(middleware.hmac, "compare_digest", spy)
-    assert not ServerMiddleware(app=None, api_key="k")._authorized(b"Bearer k")
-    assert compared == [(b"Bearer k", b"Bearer k")]
+    assert not ServerMiddleware(app=None, api_key="k")._authorized(b"Bearer k", b"k")
+    assert compared == [(b"Bearer k", b"Bearer k"), (b"k", b"k")]     # the x-api-key header likewise
 
 
 def test_cors(guarded):
