@@ -1,0 +1,67 @@
+"""End to end: Anthropic Messages and OpenAI Responses against the real `ringserve serve` (the demo model,
+random weights, every process over the shm rings), through the official anthropic and openai SDKs."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from tests.e2e.server import ServerProcess
+
+KEY = "e2e-key"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess("--api-key", KEY, "--responses-store-max-entries", "2") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=60)
+
+
+def test_messages_create_stream_and_count_tokens_agree(server, claude):
+    body = dict(model=server.model, max_tokens=8, system="You are terse.",
+                messages=[{"role": "user", "content": "Hello"}], extra_body={"temperature": 0})
+    created = claude.messages.create(**body)
+    assert created.stop_reason in ("max_tokens", "end_turn")
+    with claude.messages.stream(**body) as stream:
+        streamed_text = "".join(stream.text_stream)
+        streamed = stream.get_final_message()
+    assert streamed_text == created.content[0].text == streamed.content[0].text   # greedy: the same tokens
+    assert streamed.usage.output_tokens == created.usage.output_tokens
+    counted = claude.messages.count_tokens(model=server.model, system="You are terse.",
+                                           messages=[{"role": "user", "content": "Hello"}])
+    assert counted.input_tokens == created.usage.input_tokens
+
+
+def test_messages_auth_and_error_shape(server):
+    bad = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        bad.messages.create(model=server.model, max_tokens=2, messages=[{"role": "user", "content": "x"}])
+    assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "authentication_error"
+
+
+def test_responses_create_stream_and_previous_response_id(server, client):
+    created = client.responses.create(model=server.model, input="Hello", max_output_tokens=6, temperature=0)
+    with client.responses.stream(model=server.model, input="Hello", max_output_tokens=6, temperature=0) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+    assert "".join(deltas) == created.output_text
+    follow = client.responses.create(model=server.model, input="More", previous_response_id=created.id,
+                                     max_output_tokens=2)
+    # the follow-up's prompt holds the first turn: its input and its output tokens, and the new input
+    assert follow.usage.input_tokens > created.usage.input_tokens + created.usage.output_tokens
+    assert client.responses.retrieve(follow.id).output_text == follow.output_text
+    # the store keeps two responses (--responses-store-max-entries 2): a third evicts the first
+    client.responses.create(model=server.model, input="x", max_output_tokens=1)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    assert server.proc.poll() is None
