@@ -81,12 +81,6 @@ class Turn:
             self._keep(event)
             yield event
 
-    async def run(self) -> None:
-        """Drive the turn to its end (non-streaming responses)."""
-        async with aclosing(self.events()) as events:
-            async for _ in events:
-                pass
-
     def _keep(self, event: TurnEvent) -> None:
         if event.kind == TEXT:
             self.text += event.text

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from contextlib import aclosing
 
 import orjson
 from starlette.requests import Request
@@ -56,8 +57,9 @@ class AnthropicServingMessages(AgentServing):
     async def _complete(self, turn: Turn, message_id: str, send: Send) -> None:
         blocks = _Blocks()
         try:
-            async for event in turn.events():
-                blocks.add(event)
+            async with aclosing(turn.events()) as events:
+                async for event in events:
+                    blocks.add(event)
             blocks.close()
             status, body = 200, self._message(turn, message_id, blocks.content, final=True)
         except Exception as e:
@@ -76,10 +78,11 @@ class AnthropicServingMessages(AgentServing):
                     "more_body": True})
         blocks = _Blocks()
         try:
-            async for event in turn.events():
-                frames = blocks.add(event)
-                if frames:
-                    await send({"type": body, "body": frames, "more_body": True})
+            async with aclosing(turn.events()) as events:
+                async for event in events:
+                    frames = blocks.add(event)
+                    if frames:
+                        await send({"type": body, "body": frames, "more_body": True})
             end = self._message(turn, message_id, blocks.content, final=True)
             delta = {"type": "message_delta",
                      "delta": {"stop_reason": end["stop_reason"], "stop_sequence": end["stop_sequence"]},

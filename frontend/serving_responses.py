@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from contextlib import aclosing
 
 import msgspec
 import orjson
@@ -82,8 +83,9 @@ class OpenAIServingResponses(AgentServing):
 
     async def _complete(self, job: _Job, send: Send) -> None:
         try:
-            async for event in job.turn.events():
-                job.items.add(event)
+            async with aclosing(job.turn.events()) as events:
+                async for event in events:
+                    job.items.add(event)
             job.items.close(job.status)
             status, body = 200, self._finish(job)
         except Exception as e:
@@ -102,10 +104,11 @@ class OpenAIServingResponses(AgentServing):
                              {"type": "response.in_progress", "response": start}])
         await send({"type": body, "body": frames, "more_body": True})
         try:
-            async for event in job.turn.events():
-                frames = job.frames(job.items.add(event))
-                if frames:
-                    await send({"type": body, "body": frames, "more_body": True})
+            async with aclosing(job.turn.events()) as events:
+                async for event in events:
+                    frames = job.frames(job.items.add(event))
+                    if frames:
+                        await send({"type": body, "body": frames, "more_body": True})
             frames = job.frames(job.items.close(job.status))
             final = self._finish(job)
             kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
