@@ -201,7 +201,7 @@ def test_sdk_raises_typed_errors_and_the_server_stays_up(claude, http):
             {"type": "tool_result", "tool_use_id": "x", "content": "y"}]}])
     assert info.value.body["error"]["type"] == "invalid_request_error"
     with pytest.raises(anthropic.NotFoundError):
-        claude.messages.create(model="claude-sonnet-4-5", max_tokens=5, messages=USER)
+        claude.messages.create(model="not-the-served-model", max_tokens=5, messages=USER)
     wrong_method = http.get("/v1/messages")
     assert wrong_method.status_code == 405 and wrong_method.json()["type"] == "error"
     assert http.get("/health").status_code == 200
