@@ -70,10 +70,13 @@ class Message(msgspec.Struct, kw_only=True):
 
 
 class Tool(msgspec.Struct, kw_only=True):
+    """A client tool ({name, input_schema}, type "custom" or none), or one of Anthropic's server tools
+    (web_search_20250305, ...: a type and a name), which ringserve cannot run and leaves out."""
+
     name: ToolName
-    input_schema: dict[str, Any]
+    input_schema: dict[str, Any] | None = None
     description: str | None = None
-    type: Literal["custom"] | None = None
+    type: ShortStr | None = None
     cache_control: dict[str, Any] | None = None
 
 

@@ -5,7 +5,9 @@ the user's own text, right after the assistant turn that called the tools, as ch
 assistant tool_use -> tool_calls; thinking -> reasoning_content; tools -> OpenAI function tools;
 tool_choice auto/any/tool/none -> auto/required/named/none; thinking enabled/disabled -> the template's
 enable_thinking (and DeepSeek's and Granite's `thinking`); output_config.format -> a json_schema
-response_format (structured outputs).
+response_format (structured outputs). A final assistant message is a prefill: the reply continues it, as in
+Anthropic's API. Server tools (web search, ...) are left out of the prompt: ringserve cannot run them,
+and refusing them would fail clients (such as Claude Code) that send them whatever the backend.
 """
 
 from __future__ import annotations
@@ -38,33 +40,48 @@ def to_chat_request(req: PromptRequest, **sampling) -> ChatCompletionRequest:
     for i, message in enumerate(req.messages):
         messages += _chat_messages(message, i)
     tools = tool_choice = parallel = kwargs = None
-    if req.tools:
+    client_tools = _client_tools(req)
+    if client_tools:
         tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                                    "parameters": t.input_schema}} for t in req.tools]
+                                                    "parameters": t.input_schema}} for t in client_tools]
     if req.tool_choice is not None:
-        tool_choice, parallel = _tool_choice(req)
+        tool_choice, parallel = _tool_choice(req, client_tools)
     if req.thinking is not None and req.thinking.type in ("enabled", "disabled"):
         enabled = req.thinking.type == "enabled"
         kwargs = {"enable_thinking": enabled, "thinking": enabled}
+    prefill = req.messages[-1].role == "assistant"
     return ChatCompletionRequest(messages=messages, tools=tools, tool_choice=tool_choice,
-                                 parallel_tool_calls=parallel, chat_template_kwargs=kwargs, **sampling)
+                                 parallel_tool_calls=parallel, chat_template_kwargs=kwargs,
+                                 add_generation_prompt=not prefill, continue_final_message=prefill, **sampling)
+
+
+def _client_tools(req: PromptRequest) -> list:
+    tools = []
+    for i, tool in enumerate(req.tools or ()):
+        if tool.type not in (None, "custom"):
+            continue                              # a server tool
+        if tool.input_schema is None:
+            raise invalid("a client tool needs an input_schema", f"tools[{i}].input_schema")
+        tools.append(tool)
+    return tools
 
 
 def _system_text(system: str | list[TextBlock]) -> str:
     return system if isinstance(system, str) else "\n".join(block.text for block in system)
 
 
-def _tool_choice(req: PromptRequest) -> tuple[str | dict, bool | None]:
+def _tool_choice(req: PromptRequest, tools: list) -> tuple[str | dict, bool | None]:
     choice = req.tool_choice
     if choice.type == "tool":
         if not choice.name:
             raise invalid("tool_choice of type 'tool' needs the tool's name", "tool_choice.name")
-        if not any(tool.name == choice.name for tool in req.tools or ()):
-            raise invalid(f"tool_choice names {choice.name!r}, which is not among the tools", "tool_choice.name")
+        if not any(tool.name == choice.name for tool in tools):
+            raise invalid(f"tool_choice names {choice.name!r}, which is not among the client tools",
+                          "tool_choice.name")
         chat_choice = {"type": "function", "function": {"name": choice.name}}
     else:
         chat_choice = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
-    if choice.type != "none" and not req.tools:
+    if choice.type != "none" and not tools:
         raise invalid(f"tool_choice {choice.type!r} needs tools", "tool_choice")
     return chat_choice, (False if choice.disable_parallel_tool_use else None)
 

@@ -243,3 +243,25 @@ def test_auth_by_x_api_key_or_bearer(keyed):
     assert httpx.get(keyed.url + "/v1/models", headers={"x-api-key": "s3cret"}).status_code == 200
     refused = httpx.get(keyed.url + "/v1/models", headers={"x-api-key": "nope"})
     assert refused.status_code == 401 and refused.json()["error"]["type"] == "AuthenticationError"
+
+
+def test_a_final_assistant_message_is_a_prefill(claude, served):
+    _, fake = served
+    reply = claude.messages.create(model="tiny", max_tokens=3, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well,"}])
+    assert prompt_text(fake) == "user\nhi\nassistant\nWell,"          # continued, not a new turn
+    assert reply.content[0].text == SCRIPT[:3]                      # only the new text, as Anthropic answers
+
+
+def test_server_tools_are_left_out(claude):
+    reply = claude.messages.create(model="tiny", max_tokens=2, messages=USER, tool_choice={"type": "none"}, tools=[
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+        {"name": "f", "input_schema": {"type": "object"}}])
+    assert reply.type == "message"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude.messages.create(model="tiny", max_tokens=2, messages=USER, tools=[{"name": "f"}])
+    assert "tools[0].input_schema" in info.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude.messages.create(model="tiny", max_tokens=2, messages=USER, tool_choice={"type": "tool", "name": "x"},
+                               tools=[{"type": "web_search_20250305", "name": "x"}])
+    assert "tool_choice.name" in info.value.body["error"]["message"]
