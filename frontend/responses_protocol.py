@@ -82,9 +82,11 @@ class InputItem(msgspec.Struct, kw_only=True):
     encrypted_content: str | None = None
 
 
-class FunctionTool(msgspec.Struct, kw_only=True):
-    type: Literal["function"]
-    name: Name
+class Tool(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A function tool; OpenAI's built-in server tools (web_search, ...) come with other fields, ignored."""
+
+    type: ShortStr
+    name: Name | None = None
     parameters: dict[str, Any] | None = None
     description: str | None = None
     strict: bool | None = None
@@ -121,7 +123,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     max_output_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
+    tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None

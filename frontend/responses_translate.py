@@ -4,8 +4,10 @@ instructions -> a system message (not carried over by previous_response_id, as i
 previous response's conversation comes next, then `input`: a string is a user message; message items keep
 their role (developer -> system); function_call items become the assistant's tool_calls (joined to the
 assistant message before them); function_call_output items become tool messages; reasoning items become
-the next assistant message's reasoning_content. tools -> chat function tools; text.format -> response_format;
-reasoning.effort -> the template's enable_thinking and reasoning_effort.
+the next assistant message's reasoning_content. tools -> chat function tools (OpenAI's built-in server tools,
+web_search and the like, are left out: ringserve cannot run them; other client tool kinds are refused, as
+ringserve cannot write their calls); text.format -> response_format; reasoning.effort -> the template's
+enable_thinking and reasoning_effort.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from frontend.responses_protocol import (
     ResponsesRequest,
 )
 
+SERVER_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation", "mcp")
 # Names of chat fields in this API, for error messages.
 FIELD_NAMES = {"max_tokens": "max_output_tokens"}
 
@@ -68,21 +71,22 @@ def to_chat_request(req: ResponsesRequest, history: list[ChatMessage],
         messages.insert(0, ChatMessage(role="system", content=req.instructions))
     if not messages:
         raise invalid("input must not be empty", "input")
+    functions = _function_tools(req)
     tools = tool_choice = None
-    if req.tools:
+    if functions:
         tools = [{"type": "function", "function": {
             "name": t.name, "description": t.description or "",
             "parameters": t.parameters if t.parameters is not None else {"type": "object", "properties": {}},
-            **({"strict": t.strict} if t.strict is not None else {})}} for t in req.tools]
+            **({"strict": t.strict} if t.strict is not None else {})}} for t in functions]
     if req.tool_choice is not None:
         tool_choice = req.tool_choice
         if not isinstance(tool_choice, str):
-            if not any(t.name == tool_choice.name for t in req.tools or ()):
-                raise invalid(f"tool_choice names {tool_choice.name!r}, which is not among the tools",
+            if not any(t.name == tool_choice.name for t in functions):
+                raise invalid(f"tool_choice names {tool_choice.name!r}, which is not among the function tools",
                               "tool_choice.name")
             tool_choice = {"type": "function", "function": {"name": tool_choice.name}}
-        elif tool_choice != "none" and not req.tools:
-            raise invalid(f"tool_choice {tool_choice!r} needs tools", "tool_choice")
+        elif tool_choice != "none" and not functions:
+            raise invalid(f"tool_choice {tool_choice!r} needs function tools", "tool_choice")
     kwargs = None
     if req.reasoning is not None and req.reasoning.effort is not None:
         kwargs = {"enable_thinking": req.reasoning.effort != "none", "reasoning_effort": req.reasoning.effort}
@@ -92,6 +96,19 @@ def to_chat_request(req: ResponsesRequest, history: list[ChatMessage],
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop,
         stream=req.stream,
     )
+
+
+def _function_tools(req: ResponsesRequest) -> list:
+    functions = []
+    for i, tool in enumerate(req.tools or ()):
+        if tool.type in SERVER_TOOLS:
+            continue
+        if tool.type != "function":
+            raise invalid(f"tool type {tool.type!r} is not supported: only function tools (OpenAI's built-in "
+                          f"tools, {', '.join(SERVER_TOOLS)}, are left out)", f"tools[{i}].type")
+        _required(tool.name, f"tools[{i}].name")
+        functions.append(tool)
+    return functions
 
 
 def _response_format(req: ResponsesRequest) -> ResponseFormat | None:

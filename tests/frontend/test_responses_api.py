@@ -175,7 +175,9 @@ def test_store_bounds_and_expiry():
     ({"model": "tiny", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
      "input[0].content[0].type"),
     ({"model": "tiny", "input": [{"type": "bogus"}]}, "input[0].type"),
-    ({"model": "tiny", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"model": "tiny", "input": "x", "tools": [{"type": "local_shell"}]}, "tools[0].type"),
+    ({"model": "tiny", "input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
+    ({"model": "tiny", "input": "x", "tool_choice": "auto", "tools": [{"type": "web_search"}]}, "tool_choice"),
     ({"model": "tiny", "input": "x", "tool_choice": {"type": "function", "name": "f"}}, "tool_choice.name"),
     ({"model": "tiny", "input": "x", "tool_choice": "required"}, "tool_choice"),
     ({"model": "tiny", "input": "x", "background": True}, "background"),
@@ -188,6 +190,12 @@ def test_bad_requests_are_400_naming_the_field(http, body, param):
     response = http.post("/v1/responses", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_server_tools_are_left_out(client):
+    reply = client.responses.create(model="tiny", input="x", max_output_tokens=1, tool_choice="none",
+                                    tools=[{"type": "web_search"}, {"type": "function", "name": "f"}])
+    assert reply.status == "incomplete" and [t.type for t in reply.tools] == ["web_search", "function"]
 
 
 def test_unknown_model_and_unknown_id(http):
