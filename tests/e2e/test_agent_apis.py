@@ -65,3 +65,35 @@ def test_responses_create_stream_and_previous_response_id(server, client):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(created.id)
     assert server.proc.poll() is None
+
+
+def test_messages_stop_reasons(server, claude):
+    body = dict(model=server.model, max_tokens=12, messages=[{"role": "user", "content": "Hi"}],
+                extra_body={"temperature": 0})
+    free = claude.messages.create(**body)
+    assert free.stop_reason in ("max_tokens", "end_turn")
+    text = free.content[0].text
+    if free.stop_reason == "max_tokens":
+        assert free.usage.output_tokens == 12
+    stop = text[len(text) // 2:][:2]
+    assert stop, "greedy output too short to pick a stop sequence from"
+    stopped = claude.messages.create(**body, stop_sequences=[stop])
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
+    assert stopped.content[0].text == text[:text.index(stop)]
+
+
+def test_messages_multi_turn_with_tool_results(server, claude):
+    """A tool round trip in the history (tool_use, then tool_result) is accepted and reaches the prompt:
+    the reply's input_tokens count the call and the result."""
+    tool = {"name": "get_time", "input_schema": {"type": "object", "properties": {"tz": {"type": "string"}}}}
+    history = [{"role": "user", "content": "time?"},
+               {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_time",
+                                                  "input": {"tz": "UTC"}}]}]
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                           "content": "12:00 " * 10}]}
+    short = claude.messages.count_tokens(model=server.model, tools=[tool], messages=history + [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "12:00"}]}])
+    reply = claude.messages.create(model=server.model, max_tokens=3, tools=[tool], tool_choice={"type": "none"},
+                                   messages=history + [result])
+    assert reply.stop_reason in ("max_tokens", "end_turn")
+    assert reply.usage.input_tokens - short.input_tokens == len("12:00 " * 10) - len("12:00")  # a byte a token
