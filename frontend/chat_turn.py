@@ -15,6 +15,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from starlette.requests import Request
+
 from frontend.choices import Choice, stream_choice
 from frontend.protocol import ChatCompletionRequest
 from frontend.serving_chat import check_unsupported
@@ -64,7 +66,7 @@ class Turn:
     choice: Choice
     prompt_tokens: int
     parser: OutputParser
-    priority: int = 0
+    data_parallel_rank: int | None = None     # X-data-parallel-rank: the engine the request is pinned to
     created: int = field(default_factory=lambda: int(time.time()))
     text: str = ""
     reasoning: str = ""
@@ -72,7 +74,8 @@ class Turn:
 
     async def events(self) -> AsyncIterator[TurnEvent]:
         """The turn's events in order; closing the iterator early aborts the engine request."""
-        async with aclosing(stream_choice(self.engine, self.choice, priority=self.priority)) as stream:
+        stream = stream_choice(self.engine, self.choice, data_parallel_rank=self.data_parallel_rank)
+        async with aclosing(stream) as stream:
             async for _, text, _ in stream:
                 for event in self.parser.feed(text):
                     self._keep(event)
@@ -114,7 +117,7 @@ class Turn:
 class AgentServing(OpenAIServing):
     """The shared base of the agent API handlers: run a translated chat request as one Turn."""
 
-    async def start_turn(self, chat: ChatCompletionRequest, arrival: float, request_id: str, *,
+    async def start_turn(self, request: Request, chat: ChatCompletionRequest, arrival: float, request_id: str, *,
                          names: dict[str, str], prompt_param: str) -> Turn:
         """Check and render `chat`, and prepare its engine request (it starts when events() is iterated).
 
@@ -126,7 +129,7 @@ class AgentServing(OpenAIServing):
         params = self.prompt_params(params, len(prompt), chat.max_tokens, names.get("max_tokens", "max_tokens"),
                                     prompt_param)
         [choice] = self.make_choices(request_id, [prompt], [params], 1, arrival, keep_output=False)
-        return Turn(self.engine, choice, len(prompt), self.output_parser(chat))
+        return Turn(self.engine, choice, len(prompt), self.output_parser(chat), self.data_parallel_rank(request))
 
     def output_parser(self, chat: ChatCompletionRequest) -> OutputParser:
         """The parser for this request's output: plain text until tool and reasoning parsers plug in here."""

@@ -45,7 +45,7 @@ class AnthropicServingMessages(AgentServing):
                                top_k=req.top_k, stop=req.stop_sequences, stream=req.stream,
                                response_format=response_format)
         message_id = f"msg_{uuid.uuid4().hex}"
-        turn = await self.start_turn(chat, arrival, message_id, names=FIELD_NAMES, prompt_param="messages")
+        turn = await self.start_turn(request, chat, arrival, message_id, names=FIELD_NAMES, prompt_param="messages")
         if req.stream:
             return DisconnectAwareResponse(lambda send: self._stream(turn, message_id, send))
         return DisconnectAwareResponse(lambda send: self._complete(turn, message_id, send))

@@ -62,7 +62,7 @@ class OpenAIServingResponses(AgentServing):
         new_messages = input_messages(req)
         chat = to_chat_request(req, history, new_messages)
         response_id = _new_id("resp")
-        turn = await self.start_turn(chat, arrival, response_id, names=FIELD_NAMES, prompt_param="input")
+        turn = await self.start_turn(request, chat, arrival, response_id, names=FIELD_NAMES, prompt_param="input")
         job = _Job(req, response_id, turn, history + new_messages)
         if req.stream:
             return DisconnectAwareResponse(lambda send: self._stream(job, send))

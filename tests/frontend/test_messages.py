@@ -265,3 +265,12 @@ def test_server_tools_are_left_out(claude):
         claude.messages.create(model="tiny", max_tokens=2, messages=USER, tool_choice={"type": "tool", "name": "x"},
                                tools=[{"type": "web_search_20250305", "name": "x"}])
     assert "tool_choice.name" in info.value.body["error"]["message"]
+
+
+def test_data_parallel_rank_header_is_honoured(http):
+    body = {"model": "tiny", "max_tokens": 2, "messages": USER}
+    assert http.post("/v1/messages", json=body, headers={"X-data-parallel-rank": "0"}).status_code == 200
+    refused = http.post("/v1/messages", json=body, headers={"X-data-parallel-rank": "3"})
+    assert refused.status_code == 400 and "X-data-parallel-rank" in refused.json()["error"]["message"]
+    refused = http.post("/v1/responses", json={"model": "tiny", "input": "x"}, headers={"X-data-parallel-rank": "3"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "X-data-parallel-rank"
