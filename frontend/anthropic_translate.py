@@ -29,7 +29,8 @@ from frontend.errors import invalid
 from frontend.protocol import ChatCompletionRequest, ChatMessage
 
 # Names of chat fields in this API, for error messages.
-FIELD_NAMES = {"stop": "stop_sequences", "max_tokens": "max_tokens", "top_k": "top_k"}
+FIELD_NAMES = {"stop": "stop_sequences", "max_tokens": "max_tokens", "top_k": "top_k",
+               "response_format.json_schema": "output_config.format", "response_format": "output_config.format"}
 
 
 def to_chat_request(req: PromptRequest, **sampling) -> ChatCompletionRequest:

@@ -18,9 +18,11 @@ from typing import Protocol
 from starlette.requests import Request
 
 from frontend.choices import Choice, stream_choice
+from frontend.errors import ApiError, from_engine_error
 from frontend.protocol import ChatCompletionRequest
 from frontend.serving_chat import check_unsupported
 from frontend.serving_engine import OpenAIServing
+from frontend.structured_outputs import structured_outputs
 
 TEXT = "text"
 REASONING = "reasoning"
@@ -67,15 +69,35 @@ class Turn:
     prompt_tokens: int
     parser: OutputParser
     data_parallel_rank: int | None = None     # X-data-parallel-rank: the engine the request is pinned to
+    structured: str | None = None             # the API field of its grammar constraint, if any
     created: int = field(default_factory=lambda: int(time.time()))
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    _stream: AsyncIterator | None = None
+    _first: tuple | None = None
+
+    async def start(self) -> None:
+        """Submit the request and wait for its first step. A constrained request calls this before it sends
+        anything, so that a grammar the engine refuses is still an error response with its own status."""
+        self._stream = stream_choice(self.engine, self.choice, data_parallel_rank=self.data_parallel_rank)
+        try:
+            self._first = await self._stream.__anext__()
+        except StopAsyncIteration:
+            pass
+        except BaseException:
+            await self._stream.aclose()
+            raise
 
     async def events(self) -> AsyncIterator[TurnEvent]:
         """The turn's events in order; closing the iterator early aborts the engine request."""
-        stream = stream_choice(self.engine, self.choice, data_parallel_rank=self.data_parallel_rank)
-        async with aclosing(stream) as stream:
+        if self._stream is None:
+            self._stream = stream_choice(self.engine, self.choice, data_parallel_rank=self.data_parallel_rank)
+        async with aclosing(self._stream) as stream:
+            if self._first is not None:
+                for event in self.parser.feed(self._first[1]):
+                    self._keep(event)
+                    yield event
             async for _, text, _ in stream:
                 for event in self.parser.feed(text):
                     self._keep(event)
@@ -83,6 +105,13 @@ class Turn:
         for event in self.parser.finish():
             self._keep(event)
             yield event
+
+    def error(self, e: Exception) -> ApiError:
+        """What failed the turn, as the API error it is; an engine-side grammar failure names the field."""
+        error = from_engine_error(e)
+        if error.status == 400 and error.param is None and self.structured is not None:
+            error.param = self.structured
+        return error
 
     def _keep(self, event: TurnEvent) -> None:
         if event.kind == TEXT:
@@ -124,12 +153,19 @@ class AgentServing(OpenAIServing):
         `names` maps chat fields to this API's names for error messages ("max_tokens" -> "max_output_tokens").
         """
         check_unsupported(chat)
+        try:
+            structured, structured_param = await structured_outputs(chat)
+        except ApiError as e:
+            raise _renamed(e, names) from None
         prompt = await self.chat_prompt(chat, chat.add_special_tokens)
-        params = self.sampling_params(chat, logprobs=None, prompt_logprobs=None, names=names)
+        params = self.sampling_params(chat, logprobs=None, prompt_logprobs=None, names=names,
+                                      structured_outputs=structured)
         params = self.prompt_params(params, len(prompt), chat.max_tokens, names.get("max_tokens", "max_tokens"),
                                     prompt_param)
         [choice] = self.make_choices(request_id, [prompt], [params], 1, arrival, keep_output=False)
-        return Turn(self.engine, choice, len(prompt), self.output_parser(chat), self.data_parallel_rank(request))
+        structured_field = _renamed_param(structured_param, names) if structured_param else None
+        return Turn(self.engine, choice, len(prompt), self.output_parser(chat), self.data_parallel_rank(request),
+                    structured_field)
 
     def output_parser(self, chat: ChatCompletionRequest) -> OutputParser:
         """The parser for this request's output: plain text until tool and reasoning parsers plug in here."""
@@ -138,3 +174,19 @@ class AgentServing(OpenAIServing):
     async def count_prompt_tokens(self, chat: ChatCompletionRequest) -> int:
         """Tokens of the prompt `chat` renders to (count_tokens), without generating."""
         return len(await self.chat_prompt(chat, chat.add_special_tokens))
+
+
+def _renamed_param(param: str, names: dict[str, str]) -> str:
+    """A chat field path in this API's names (response_format.json_schema.schema -> text.format.schema)."""
+    for chat_name in sorted(names, key=len, reverse=True):
+        if param == chat_name or param.startswith(chat_name + "."):
+            return names[chat_name] + param[len(chat_name):]
+    return param
+
+
+def _renamed(error: ApiError, names: dict[str, str]) -> ApiError:
+    if error.param:
+        renamed = _renamed_param(error.param, names)
+        error.message = error.message.replace(error.param, renamed)
+        error.param = renamed
+    return error

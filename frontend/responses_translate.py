@@ -13,7 +13,7 @@ enable_thinking and reasoning_effort.
 from __future__ import annotations
 
 from frontend.errors import invalid
-from frontend.protocol import ChatCompletionRequest, ChatMessage, ResponseFormat
+from frontend.protocol import ChatCompletionRequest, ChatMessage, JsonSchemaFormat, ResponseFormat
 from frontend.responses_protocol import (
     InputText,
     OutputText,
@@ -24,7 +24,8 @@ from frontend.responses_protocol import (
 
 SERVER_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation", "mcp")
 # Names of chat fields in this API, for error messages.
-FIELD_NAMES = {"max_tokens": "max_output_tokens"}
+FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format.json_schema": "text.format",
+               "response_format": "text.format"}
 
 
 def input_messages(req: ResponsesRequest) -> list[ChatMessage]:
@@ -118,12 +119,8 @@ def _response_format(req: ResponsesRequest) -> ResponseFormat | None:
     if fmt.type == "json_object":
         return ResponseFormat(type="json_object")
     schema = _required(fmt.schema, "text.format.schema")
-    spec = {"name": fmt.name or "output", "schema": schema}
-    if fmt.strict is not None:
-        spec["strict"] = fmt.strict
-    if fmt.description is not None:
-        spec["description"] = fmt.description
-    return ResponseFormat(type="json_schema", json_schema=spec)
+    return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
+        name=fmt.name or "output", schema=schema, strict=fmt.strict, description=fmt.description))
 
 
 def _required(value, param: str):

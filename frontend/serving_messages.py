@@ -21,8 +21,8 @@ from starlette.types import Send
 from frontend.anthropic_protocol import CountTokensRequest, MessagesRequest
 from frontend.anthropic_translate import FIELD_NAMES, to_chat_request
 from frontend.chat_turn import REASONING, TEXT, TOOL_CALL, AgentServing, Turn, TurnEvent
-from frontend.errors import anthropic_error_body, from_engine_error
-from frontend.protocol import ResponseFormat
+from frontend.errors import anthropic_error_body
+from frontend.protocol import JsonSchemaFormat, ResponseFormat
 from frontend.responses import JSON_HEADERS, SSE_HEADERS, DisconnectAwareResponse, json_response
 
 logger = logging.getLogger("ringserve.serving")
@@ -39,8 +39,8 @@ class AnthropicServingMessages(AgentServing):
         self.check_engine()
         response_format = None
         if req.output_config is not None and req.output_config.format is not None:
-            response_format = ResponseFormat(type="json_schema", json_schema={
-                "name": "output", "schema": req.output_config.format.schema, "strict": True})
+            response_format = ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
+                name="output", schema=req.output_config.format.schema, strict=True))
         chat = to_chat_request(req, max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
                                top_k=req.top_k, stop=req.stop_sequences, stream=req.stream,
                                response_format=response_format)
@@ -63,14 +63,19 @@ class AnthropicServingMessages(AgentServing):
             blocks.close()
             status, body = 200, self._message(turn, message_id, blocks.content, final=True)
         except Exception as e:
-            error = from_engine_error(e)
-            if error.status == 500:
-                logger.exception("message %s failed", message_id)
-            status, body = error.status, anthropic_error_body(error.status, error.message, error.param)
+            status, body = _error_body(turn, e, message_id)
         await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
         await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
 
     async def _stream(self, turn: Turn, message_id: str, send: Send) -> None:
+        if turn.structured:           # a grammar the engine refuses is still an error response, not a stream
+            try:
+                await turn.start()
+            except Exception as e:
+                status, body = _error_body(turn, e, message_id)
+                await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+                await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
+                return
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         body = "http.response.body"
         start = {"type": "message_start", "message": self._message(turn, message_id, [], final=False)}
@@ -89,10 +94,7 @@ class AnthropicServingMessages(AgentServing):
                      "usage": end["usage"]}
             frames = blocks.close() + sse("message_delta", delta) + sse("message_stop", {"type": "message_stop"})
         except Exception as e:  # the stream has started: report in-band, then end it
-            error = from_engine_error(e)
-            if error.status == 500:
-                logger.exception("message %s failed mid-stream", message_id)
-            frames = sse("error", anthropic_error_body(error.status, error.message, error.param))
+            frames = sse("error", _error_body(turn, e, message_id)[1])
         await send({"type": body, "body": frames, "more_body": False})
 
     def _message(self, turn: Turn, message_id: str, content: list[dict], *, final: bool) -> dict:
@@ -105,6 +107,13 @@ class AnthropicServingMessages(AgentServing):
             "usage": {"input_tokens": turn.prompt_tokens, "output_tokens": turn.output_tokens,
                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": turn.cached_tokens},
         }
+
+
+def _error_body(turn: Turn, e: Exception, message_id: str) -> tuple[int, dict]:
+    error = turn.error(e)
+    if error.status == 500:
+        logger.exception("message %s failed", message_id)
+    return error.status, anthropic_error_body(error.status, error.message, error.param)
 
 
 def _stop_reason(turn: Turn) -> tuple[str, str | None]:

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.types import Send
 
 from frontend.chat_turn import REASONING, TEXT, TOOL_CALL, AgentServing, Turn, TurnEvent
-from frontend.errors import ApiError, error_body, from_engine_error, invalid
+from frontend.errors import ApiError, error_body, invalid
 from frontend.protocol import ChatMessage
 from frontend.response_store import ResponseStore
 from frontend.responses import JSON_HEADERS, SSE_HEADERS, DisconnectAwareResponse, json_response
@@ -89,14 +89,21 @@ class OpenAIServingResponses(AgentServing):
             job.items.close(job.status)
             status, body = 200, self._finish(job)
         except Exception as e:
-            error = from_engine_error(e)
-            if error.status == 500:
-                logger.exception("response %s failed", job.response_id)
+            error = _error(job, e)
             status, body = error.status, error_body(error.status, error.message, error.param)
         await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
         await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
 
     async def _stream(self, job: _Job, send: Send) -> None:
+        if job.turn.structured:       # a grammar the engine refuses is still an error response, not a stream
+            try:
+                await job.turn.start()
+            except Exception as e:
+                error = _error(job, e)
+                await send({"type": "http.response.start", "status": error.status, "headers": JSON_HEADERS})
+                await send({"type": "http.response.body", "more_body": False,
+                            "body": orjson.dumps(error_body(error.status, error.message, error.param))})
+                return
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         body = "http.response.body"
         start = self._response(job, "in_progress", usage=False)
@@ -114,9 +121,7 @@ class OpenAIServingResponses(AgentServing):
             kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
             frames += job.frames([{"type": kind, "response": final}])
         except Exception as e:  # the stream has started: report in-band, then end it
-            error = from_engine_error(e)
-            if error.status == 500:
-                logger.exception("response %s failed mid-stream", job.response_id)
+            error = _error(job, e)
             frames = job.frames([{"type": "error", "code": str(error.status), "message": error.message,
                                   "param": error.param}])
         await send({"type": body, "body": frames, "more_body": False})
@@ -164,6 +169,13 @@ class OpenAIServingResponses(AgentServing):
                 "output_tokens": turn.output_tokens,
                 "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, turn.output_tokens)},
                 "total_tokens": turn.prompt_tokens + turn.output_tokens}
+
+
+def _error(job: _Job, e: Exception) -> ApiError:
+    error = job.turn.error(e)
+    if error.status == 500:
+        logger.exception("response %s failed", job.response_id)
+    return error
 
 
 class _Job:

@@ -3,7 +3,10 @@ random weights, every process over the shm rings), through the official anthropi
 
 from __future__ import annotations
 
+import json
+
 import anthropic
+import jsonschema
 import openai
 import pytest
 
@@ -97,3 +100,37 @@ def test_messages_multi_turn_with_tool_results(server, claude):
                                    messages=history + [result])
     assert reply.stop_reason in ("max_tokens", "end_turn")
     assert reply.usage.input_tokens - short.input_tokens == len("12:00 " * 10) - len("12:00")  # a byte a token
+
+
+FLAG = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": False}
+
+
+def test_structured_outputs_through_both_apis(server, claude, client):
+    """text.format (Responses) and output_config.format (Messages) go through the grammar: random weights
+    then write the schema's JSON (seeded, it completes), the same when streamed; a bad schema is a 400
+    naming the API's own field."""
+    body = dict(model=server.model, input="json", max_output_tokens=40, temperature=1, extra_body={"seed": 4},
+                text={"format": {"type": "json_schema", "name": "flag", "schema": FLAG}})
+    created = client.responses.create(**body)
+    assert created.status == "completed"
+    jsonschema.validate(json.loads(created.output_text), FLAG)
+    with client.responses.stream(**body) as stream:
+        assert stream.get_final_response().output_text == created.output_text
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model=server.model, input="x",
+                                text={"format": {"type": "json_schema", "name": "f", "schema": {"type": "strin"}}})
+    assert info.value.body["param"] == "text.format.schema"
+
+    greedy = dict(model=server.model, max_tokens=16, messages=[{"role": "user", "content": "json"}],
+                  output_config={"format": {"type": "json_schema", "schema": FLAG}}, extra_body={"temperature": 0})
+    message = claude.messages.create(**greedy)
+    assert message.content[0].text.startswith("{")
+    free = claude.messages.create(**{k: v for k, v in greedy.items() if k != "output_config"})
+    assert not free.content[0].text.startswith("{")            # so the "{" is the grammar's doing
+    with claude.messages.stream(**greedy) as stream:
+        assert stream.get_final_message().content[0].text == message.content[0].text
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude.messages.create(model=server.model, max_tokens=4, messages=[{"role": "user", "content": "x"}],
+                               output_config={"format": {"type": "json_schema", "schema": {"type": "strin"}}})
+    assert "output_config.format.schema" in info.value.body["error"]["message"]
