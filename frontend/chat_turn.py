@@ -3,8 +3,10 @@
 Each API translates its request into a ChatCompletionRequest and runs it here through the chat path: the
 same checks, chat template, sampling params and engine stream as /v1/chat/completions, with n=1. What comes
 back is a small vocabulary of events that both APIs translate into their own shapes: answer text, reasoning
-text, the start of a tool call and its argument fragments. Splitting the raw model text into these is an
-`OutputParser`'s job; with no tool or reasoning parser in play every token is answer text.
+text, the start of a tool call and its argument fragments. Splitting the raw model text into these is the
+chat path's own output parser (frontend.chat_output: --reasoning-parser, then the request's tool plan from
+frontend.tool_choice, whose required and named choices add the grammar that forces the call), whose OpenAI
+delta fields `ChatDeltaEvents` renames into turn events; with neither in play every token is answer text.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
 from starlette.requests import Request
 
+from frontend.chat_output import ChatOutputOptions, ChatOutputParser
 from frontend.choices import Choice, stream_choice
 from frontend.errors import ApiError, from_engine_error
 from frontend.protocol import ChatCompletionRequest
-from frontend.serving_chat import check_unsupported
-from frontend.serving_engine import OpenAIServing
+from frontend.reasoning import get_reasoning_parser
+from frontend.serving_engine import OpenAIServing, ServingContext
 from frontend.structured_outputs import structured_outputs
+from frontend.tool_choice import check_tools, forced_call_constraint, plan_tools
 
 TEXT = "text"
 REASONING = "reasoning"
@@ -58,6 +63,35 @@ class TextOnly:
 
     def finish(self) -> list[TurnEvent]:
         return []
+
+
+class ChatDeltaEvents:
+    """The chat output parser's deltas ({"reasoning"}, {"content"}, {"tool_calls": [...]}) as turn events."""
+
+    def __init__(self, parser: ChatOutputParser):
+        self._parser = parser
+
+    def feed(self, text: str) -> list[TurnEvent]:
+        return _events(self._parser.feed(text))
+
+    def finish(self) -> list[TurnEvent]:
+        return _events(self._parser.finish())
+
+
+def _events(deltas: list[dict]) -> list[TurnEvent]:
+    events = []
+    for delta in deltas:
+        if delta.get("reasoning"):
+            events.append(TurnEvent(REASONING, delta["reasoning"]))
+        if delta.get("content"):
+            events.append(TurnEvent(TEXT, delta["content"]))
+        for call in delta.get("tool_calls", ()):
+            function = call["function"]
+            if function.get("name") is not None:
+                events.append(TurnEvent(TOOL_CALL, function["name"]))
+            if function.get("arguments"):
+                events.append(TurnEvent(TOOL_ARGS, function["arguments"]))
+    return events
 
 
 @dataclass(slots=True)
@@ -146,34 +180,55 @@ class Turn:
 class AgentServing(OpenAIServing):
     """The shared base of the agent API handlers: run a translated chat request as one Turn."""
 
+    def __init__(self, ctx: ServingContext):
+        super().__init__(ctx)
+        name = ctx.config.reasoning_parser
+        self.reasoning_parser = get_reasoning_parser(name) if name else None
+
     async def start_turn(self, request: Request, chat: ChatCompletionRequest, arrival: float, request_id: str, *,
                          names: dict[str, str], prompt_param: str) -> Turn:
-        """Check and render `chat`, and prepare its engine request (it starts when events() is iterated).
+        """Check and render `chat`, and prepare its engine request (it starts when events() is iterated),
+        as /v1/chat/completions does: the tool plan, the template with the tools, the reasoning parser's
+        state, the grammar of a forced call or the request's own structured output.
 
         `names` maps chat fields to this API's names for error messages ("max_tokens" -> "max_output_tokens").
         """
-        check_unsupported(chat)
+        config = self.ctx.config
         try:
-            structured, structured_param = await structured_outputs(chat)
+            plan = plan_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls,
+                              tool_call_parser=config.tool_call_parser,
+                              enable_auto_tool_choice=config.enable_auto_tool_choice,
+                              exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none)
+            prompt_text, prompt = await self.render_chat(chat, chat.add_special_tokens,
+                                                         tools=plan.template_tools if plan else None)
+            reasoning = self.reasoning_parser
+            options = ChatOutputOptions(reasoning, reasoning.initial_state(prompt_text) if reasoning else 0, plan)
+            if plan is not None and plan.forced:
+                structured = await forced_call_constraint(chat, plan, reasoning, options.reasoning_state)
+                structured_param = "tool_choice"
+            else:
+                structured, structured_param = await structured_outputs(chat)
         except ApiError as e:
             raise _renamed(e, names) from None
-        prompt = await self.chat_prompt(chat, chat.add_special_tokens)
         params = self.sampling_params(chat, logprobs=None, prompt_logprobs=None, names=names,
                                       structured_outputs=structured)
+        if plan is not None and plan.parser is not None and plan.parser.keeps_special_tokens:
+            params = msgspec.structs.replace(params, skip_special_tokens=False)
         params = self.prompt_params(params, len(prompt), chat.max_tokens, names.get("max_tokens", "max_tokens"),
                                     prompt_param)
         [choice] = self.make_choices(request_id, [prompt], [params], 1, arrival, keep_output=False)
+        parser = ChatDeltaEvents(ChatOutputParser(options)) if options.active else TextOnly()
         structured_field = _renamed_param(structured_param, names) if structured_param else None
-        return Turn(self.engine, choice, len(prompt), self.output_parser(chat), self.data_parallel_rank(request),
-                    structured_field)
-
-    def output_parser(self, chat: ChatCompletionRequest) -> OutputParser:
-        """The parser for this request's output: plain text until tool and reasoning parsers plug in here."""
-        return TextOnly()
+        return Turn(self.engine, choice, len(prompt), parser, self.data_parallel_rank(request), structured_field)
 
     async def count_prompt_tokens(self, chat: ChatCompletionRequest) -> int:
-        """Tokens of the prompt `chat` renders to (count_tokens), without generating."""
-        return len(await self.chat_prompt(chat, chat.add_special_tokens))
+        """Tokens of the prompt `chat` renders to (count_tokens, with the tools the template is given)."""
+        tools = chat.tools
+        if tools is not None:
+            check_tools(tools)
+            if chat.tool_choice == "none" and self.ctx.config.exclude_tools_when_tool_choice_none:
+                tools = None
+        return len((await self.render_chat(chat, chat.add_special_tokens, tools=tools))[1])
 
 
 def _renamed_param(param: str, names: dict[str, str]) -> str:
