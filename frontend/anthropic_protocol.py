@@ -125,6 +125,7 @@ class MessagesRequest(PromptRequest, kw_only=True):
     temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
+    seed: int | None = None                     # ringserve's extension (as chat's): reproducible sampling
     output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None
     service_tier: ShortStr | None = None

@@ -42,7 +42,7 @@ class AnthropicServingMessages(AgentServing):
             response_format = ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
                 name="output", schema=req.output_config.format.schema, strict=True))
         chat = to_chat_request(req, max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                               top_k=req.top_k, stop=req.stop_sequences, stream=req.stream,
+                               top_k=req.top_k, seed=req.seed, stop=req.stop_sequences, stream=req.stream,
                                response_format=response_format)
         message_id = f"msg_{uuid.uuid4().hex}"
         turn = await self.start_turn(request, chat, arrival, message_id, names=FIELD_NAMES, prompt_param="messages")

@@ -17,7 +17,8 @@ KEY = "e2e-key"
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess("--api-key", KEY, "--responses-store-max-entries", "2") as s:
+    with ServerProcess("--api-key", KEY, "--responses-store-max-entries", "2", "--enable-auto-tool-choice",
+                       "--tool-call-parser", "hermes") as s:
         yield s
 
 
@@ -134,3 +135,49 @@ def test_structured_outputs_through_both_apis(server, claude, client):
         claude.messages.create(model=server.model, max_tokens=4, messages=[{"role": "user", "content": "x"}],
                                output_config={"format": {"type": "json_schema", "schema": {"type": "strin"}}})
     assert "output_config.format.schema" in info.value.body["error"]["message"]
+
+
+PICK = {"name": "pick", "description": "pick a colour",
+        "input_schema": {"type": "object", "properties": {"colour": {"enum": ["red", "green"]}},
+                         "required": ["colour"], "additionalProperties": False}}
+
+
+def test_messages_tool_choice_any_forces_a_valid_call(server, claude):
+    """Random weights never call a tool; tool_choice any forces one through the grammar, so the call is
+    real: a tool_use block whose input validates against the tool's schema, the same when streamed."""
+    # the forced prefix `<tool_call>\n{"name": "pick", "arguments": ` alone is ~45 tokens of this byte tokenizer
+    body = dict(model=server.model, max_tokens=200, tools=[PICK], messages=[{"role": "user", "content": "?"}],
+                tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                extra_body={"temperature": 1, "seed": 3})      # greedy, these weights write whitespace forever
+    created = claude.messages.create(**body)
+    calls = [block for block in created.content if block.type == "tool_use"]
+    assert created.stop_reason == "tool_use" and len(calls) == 1 and calls[0].name == "pick"
+    jsonschema.validate(calls[0].input, PICK["input_schema"])
+    with claude.messages.stream(**body) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [("pick", calls[0].input)]
+    # the result goes back and the conversation continues
+    follow = claude.messages.create(model=server.model, max_tokens=4, tools=[PICK], messages=[
+        {"role": "user", "content": "?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": calls[0].id, "name": "pick",
+                                           "input": calls[0].input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0].id, "content": "ok"}]}])
+    assert follow.type == "message"
+
+
+def test_responses_tool_choice_required_forces_a_valid_call(server, client):
+    function = {"type": "function", "name": "pick", "parameters": PICK["input_schema"]}
+    body = dict(model=server.model, input="?", tools=[function], tool_choice="required",
+                parallel_tool_calls=False, max_output_tokens=200, temperature=1, extra_body={"seed": 3})
+    created = client.responses.create(**body)
+    calls = [item for item in created.output if item.type == "function_call"]
+    assert created.status == "completed" and len(calls) == 1 and calls[0].name == "pick"
+    jsonschema.validate(json.loads(calls[0].arguments), PICK["input_schema"])
+    with client.responses.stream(**body) as stream:
+        final = stream.get_final_response()
+    assert [(i.name, i.arguments) for i in final.output if i.type == "function_call"] == \
+        [("pick", calls[0].arguments)]
+    follow = client.responses.create(model=server.model, previous_response_id=created.id, tools=[function],
+                                     max_output_tokens=2, input=[{"type": "function_call_output",
+                                                                  "call_id": calls[0].call_id, "output": "ok"}])
+    assert follow.usage.input_tokens > created.usage.input_tokens
