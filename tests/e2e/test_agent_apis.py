@@ -17,7 +17,7 @@ KEY = "e2e-key"
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerProcess("--api-key", KEY, "--responses-store-max-entries", "2", "--enable-auto-tool-choice",
+    with ServerProcess("ringserve-demo", "--api-key", KEY, "--responses-store-max-entries", "2", "--enable-auto-tool-choice",
                        "--tool-call-parser", "hermes") as s:
         yield s
 
