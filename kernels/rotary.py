@@ -54,6 +54,23 @@ def rotary_embedding_torch(
     return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
 
+def rope_rows(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The positions' rotation factors, looked up once per step for every layer: [2, T, 1, D] holding
+    (cos, cos) and (-sin, sin) over the two halves, so that rotate_with_rows is two products and a sum."""
+    half = cos_sin_cache.shape[-1] // 2
+    rows = cos_sin_cache.index_select(0, positions.long())
+    cos, sin = rows[:, :half], rows[:, half:]
+    return torch.stack([torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)])[:, :, None, :]
+
+
+def rotate_with_rows(rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated by rope_rows(...) [2, T, 1, D]: the same products and sums as _rotate, in fewer
+    operations (the halves are swapped by a flip of a [.., 2, D/2] view)."""
+    half = x.shape[-1] // 2
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+    return x * rows[0].to(x.dtype) + swapped * rows[1].to(x.dtype)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     cos = cos.to(x.dtype)
     sin = sin.to(x.dtype)

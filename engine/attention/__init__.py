@@ -44,12 +44,25 @@ class AttentionBackend:
 
 
 class TorchAttention(AttentionBackend):
+    """The CPU path. Pure-decode steps over a 16-bit cache go to kernels/cpu_avx2's decode attention where
+    it runs (reads the paged cache in place); everything else to the torch reference."""
+
     name = "torch"
+
+    def __init__(self) -> None:
+        from kernels import cpu_avx2
+
+        self.cpu_kernels = cpu_avx2 if cpu_avx2.available() else None
 
     def forward(self, query, key, value, kv_cache, metadata, scale):
         from kernels import paged_attention_torch, write_kv_cache_torch
 
         write_kv_cache_torch(key, value, kv_cache[0], kv_cache[1], metadata.slot_mapping)
+        fast = self.cpu_kernels
+        if (fast is not None and metadata.is_pure_decode and not query.is_cuda
+                and fast.supports_attention(kv_cache[0], query.shape[1])):
+            return fast.paged_decode_attention16(query, kv_cache[0], kv_cache[1], metadata.seq_lens,
+                                                 metadata.block_tables, scale)
         return paged_attention_torch(
             query, kv_cache[0], kv_cache[1], metadata.query_start_loc, metadata.seq_lens,
             metadata.block_tables, scale,

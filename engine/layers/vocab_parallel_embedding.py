@@ -53,11 +53,9 @@ class ParallelLMHead(UpcastMatmul, VocabParallelEmbedding):
     upcast_min_rows = 6          # the vocab-sized GEMM stays memory-bound for a few more rows
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.compute_weight
-        if weight is None or hidden.shape[0] < self.upcast_min_rows:
+        logits = self.matmul_float(hidden, with_bias=False)
+        if logits is None:
             logits = F.linear(hidden, self.weight)
-        else:
-            logits = F.linear(hidden.float(), weight)
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.vocab_size]
         return logits.float()

@@ -10,6 +10,11 @@ Attention is grouped-query over the paged KV cache (the backend writes this step
 attends). Qwen2 adds a bias to q, k and v; Qwen3 RMS-normalises each head of q and k before RoPE. Tokens of
 all requests travel as one flattened batch [T, hidden]; the residual add is fused into the next RMSNorm.
 Parameter names follow the HF checkpoints except the fused qkv_proj and gate_up_proj (see STACKED_PARAMS).
+
+`activation_dtype` is the dtype of the residual stream; it is the model dtype except for 16-bit models on
+CPUs without half-precision arithmetic (engine/layers/cpu_matmul.py), which keep 16-bit weights and KV
+cache but carry activations in float32, as llama.cpp does: every elementwise op on a bf16 tensor would
+otherwise widen and narrow it again, and the matmuls accumulate in float32 anyway.
 """
 
 from __future__ import annotations
@@ -51,17 +56,23 @@ class Attention(nn.Module):
         self.head_dim = args.head_dim
         self.scale = args.head_dim**-0.5
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
+    def forward(self, rope: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
+        """rope: the step's RotaryEmbedding.prepare(positions)."""
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
-        q, k, v = qkv.split([self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        v = qkv[:, q_size + kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        if not qkv.is_cuda and not self.qk_norm:
+            # q and k are adjacent columns of qkv: rotate all their heads in one pass
+            qk = qkv[:, : q_size + kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+            q, k = self.rotary_emb.rotate(rope, qk).split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q = qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary_emb(rope, q, k)
         out = self.backend.forward(q, k, v, kv_cache, metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
@@ -90,14 +101,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype)
         self.mlp = MLP(args, **tp)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+    def forward(self, rope: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
                 kv_cache: torch.Tensor, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's output, the residual stream before it): the caller's next RMSNorm adds them."""
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, metadata)
+        hidden = self.self_attn(rope, hidden, kv_cache, metadata)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -109,17 +120,21 @@ class LlamaModel(nn.Module):
         tp = {"tp_rank": tp_rank, "tp_size": tp_size, "dtype": dtype}
         self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, **tp)
         # One cos/sin table serves every layer.
-        rotary_emb = RotaryEmbedding(args.head_dim, args.max_positions, args.rope_theta, args.rope_scaling)
+        self.rotary_emb = rotary_emb = RotaryEmbedding(args.head_dim, args.max_positions, args.rope_theta,
+                                                       args.rope_scaling)
         self.layers = nn.ModuleList(
             DecoderLayer(args, rotary_emb, backend, **tp) for _ in range(args.num_layers)
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                metadata: AttentionMetadata) -> torch.Tensor:
+                metadata: AttentionMetadata, activation_dtype: torch.dtype | None = None) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
+        if activation_dtype is not None:
+            hidden = hidden.to(activation_dtype)
+        rope = self.rotary_emb.prepare(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, metadata)
+            hidden, residual = layer(rope, hidden, residual, kv_cache, metadata)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -150,11 +165,13 @@ class LlamaForCausalLM(nn.Module):
         self.num_kv_heads = attention.num_kv_heads        # per rank
         self.head_dim = args.head_dim
         self.dtype = dtype
+        self.activation_dtype = dtype
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions [T] int64 -> hidden states [T, hidden]."""
-        return self.model(input_ids, positions, kv_caches, metadata)
+        """input_ids, positions [T] int64 -> hidden states [T, hidden] (in activation_dtype)."""
+        widen = self.activation_dtype if self.activation_dtype != self.dtype else None
+        return self.model(input_ids, positions, kv_caches, metadata, widen)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] -> float32 logits [S, vocab], the same on every rank."""

@@ -74,6 +74,7 @@ def load_model(
         load_safetensors_weights(model, config.model, progress=show_progress)
     if should_upcast(torch.device(device), dtype):
         upcast_matmul_weights(model)
+        model.activation_dtype = torch.float32        # see engine/models/llama.py
     return model.eval()
 
 

@@ -1,0 +1,141 @@
+"""CPU kernels for 16-bit models on AVX2 (kernels/cpu_avx2.c), built on first use with the system's C
+compiler and called through ctypes: `gemm16` (16-bit weights times float32 activations) and
+`paged_decode_attention16` (decode attention read in place from the paged 16-bit KV cache).
+
+Why: on x86 CPUs without AVX-512 BF16/AMX, torch's bf16 and fp16 matmuls widen the weights slowly and reach
+~8 GB/s, below its own fp32 path, while a decode step at small batch is bound by reading the weights; and
+its decode attention gathers the paged K and V into new tensors before SDPA. These kernels read each 16-bit
+weight and each cached key once and widen them in registers (float32 arithmetic throughout, as a GPU's
+half-precision kernels). They are accelerators, never requirements: with no compiler, another CPU, or
+RINGSERVE_CPU_KERNELS=0, `available()` is False and callers use the torch paths. Each has a test against
+the torch reference (tests/kernels/test_cpu_avx2.py).
+
+The library is cached under ~/.cache/ringserve/kernels by a hash of the source and compiler flags; a
+build takes about a second. It links libgomp by soname, so it shares torch's OpenMP runtime (one thread
+pool) instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_avx2.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm")
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+SUPPORTED = (torch.bfloat16, torch.float16)
+MAX_GROUP, MAX_HEAD_DIM = 16, 256          # as in cpu_avx2.c
+
+
+def _cache_dir() -> str:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "ringserve", "kernels")
+
+
+def _cpu_supported() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return all(flag in flags for flag in REQUIRED_CPU_FLAGS)
+
+
+def _build(compiler: str) -> str:
+    with open(SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = os.path.join(_cache_dir(), f"cpu_avx2-{digest}.so")
+    if os.path.isfile(target):
+        return target
+    os.makedirs(_cache_dir(), exist_ok=True)
+    fd, staging = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, SOURCE, "-o", staging], check=True, capture_output=True, timeout=120)
+        os.replace(staging, target)                  # atomic: concurrent builders all end with one file
+    finally:
+        if os.path.exists(staging):
+            os.unlink(staging)
+    return target
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("RINGSERVE_CPU_KERNELS", "1") == "0" or not _cpu_supported():
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return None
+    try:
+        lib = ctypes.CDLL(_build(compiler))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.gemm16.restype = None
+    lib.gemm16.argtypes = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int, ctypes.c_int]
+    lib.paged_decode_attention16.restype = None
+    lib.paged_decode_attention16.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
+                                             ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def available() -> bool:
+    """Whether these kernels run here (x86 with AVX2/FMA/F16C and a C compiler; not disabled)."""
+    return _library() is not None
+
+
+def gemm16(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (any float dtype) @ weight [N, K]ᵀ (bf16 or fp16, contiguous) -> float32 [M, N].
+
+    Only call when available(); x is widened to float32 first (a copy of M x K, small next to the weight).
+    """
+    lib = _library()
+    if weight.dtype not in SUPPORTED or not weight.is_contiguous():
+        raise ValueError(f"gemm16 needs a contiguous bf16/fp16 weight, got {weight.dtype}")
+    x = _float32(x)
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"gemm16: x has {k} columns, weight has {weight.shape[1]}")
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.float32)
+    lib.gemm16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, n, k, int(weight.dtype == torch.bfloat16),
+               torch.get_num_threads())
+    return out
+
+
+def supports_attention(key_cache: torch.Tensor, num_heads: int) -> bool:
+    """Whether paged_decode_attention16 handles this cache layout [blocks, block_size, Hk, D] and head count."""
+    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    return (key_cache.dtype in SUPPORTED and key_cache.is_contiguous() and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads <= MAX_GROUP and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM)
+
+
+def paged_decode_attention16(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                             seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+    """Same contract as kernels.paged_decode_attention_torch (query [R, Hq, D] -> [R, Hq, D] in query's
+    dtype) for a contiguous 16-bit cache that supports_attention() accepts; only call when available()."""
+    lib = _library()
+    num_reqs, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    q = _float32(query)
+    seq_lens = seq_lens.to(torch.int32).contiguous()
+    block_tables = block_tables.to(torch.int32).contiguous()
+    out = torch.empty(num_reqs, num_heads, head_dim, dtype=torch.float32)
+    lib.paged_decode_attention16(
+        q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), seq_lens.data_ptr(), block_tables.data_ptr(),
+        block_tables.shape[1], out.data_ptr(), num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale,
+        int(key_cache.dtype == torch.bfloat16), torch.get_num_threads(),
+    )
+    return out.to(query.dtype)
+
+
+def _float32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()

@@ -1,0 +1,69 @@
+"""kernels/cpu_avx2 against the torch references: the 16-bit matmul and the paged decode attention, over
+shapes that hit every code path (odd sizes, tails, grouped heads, shuffled block tables), and the engine
+using them where they run. Skipped where the kernels cannot run (no AVX2/F16C or no C compiler)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_avx2, paged_decode_attention_torch
+
+pytestmark = pytest.mark.skipif(not cpu_avx2.available(), reason="needs x86 AVX2/FMA/F16C and a C compiler")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 64), (2, 96, 576), (3, 7, 40), (5, 13, 19), (16, 130, 72)])
+def test_gemm16_matches_float32_matmul_of_the_same_weights(dtype, m, n, k):
+    generator = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=generator)
+    weight = torch.randn(n, k, generator=generator).to(dtype)
+    expected = F.linear(x, weight.float())
+    got = cpu_avx2.gemm16(x, weight)
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    torch.testing.assert_close(got, expected, atol=1e-4 * k**0.5, rtol=1e-4)
+
+
+def test_gemm16_widens_16_bit_activations_first():
+    x = torch.randn(4, 48).bfloat16()
+    weight = torch.randn(24, 48).bfloat16()
+    torch.testing.assert_close(cpu_avx2.gemm16(x, weight), F.linear(x.float(), weight.float()),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_gemm16_rejects_float32_weights():
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        cpu_avx2.gemm16(torch.randn(1, 8), torch.randn(8, 8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128),
+                                                                     (6, 2, 72)])
+def test_paged_decode_attention16_matches_the_torch_reference(dtype, num_heads, num_kv_heads, head_dim):
+    generator = torch.Generator().manual_seed(num_heads * 100 + head_dim)
+    block_size, seq_lens = 4, torch.tensor([1, 5, 17, 33, 8], dtype=torch.int32)
+    blocks_per_seq = -(-int(seq_lens.max()) // block_size)
+    num_blocks = 1 + len(seq_lens) * blocks_per_seq
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).to(dtype)
+    # each request's blocks are scattered over the pool, as the block allocator leaves them
+    block_tables = (1 + torch.randperm(num_blocks - 1, generator=generator)).view(len(seq_lens), -1).int()
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator).to(dtype)
+    scale = head_dim**-0.5
+    expected = paged_decode_attention_torch(query.float(), key_cache.float(), value_cache.float(), seq_lens,
+                                            block_tables, scale)
+    got = cpu_avx2.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, scale)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+    got32 = cpu_avx2.paged_decode_attention16(query.float(), key_cache, value_cache, seq_lens, block_tables,
+                                              scale)
+    torch.testing.assert_close(got32, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_supports_attention_names_the_layouts_it_cannot_take():
+    cache16 = torch.zeros(2, 4, 2, 64, dtype=torch.bfloat16)
+    assert cpu_avx2.supports_attention(cache16, 6)
+    assert not cpu_avx2.supports_attention(cache16.float(), 6)              # fp32 cache: torch path
+    assert not cpu_avx2.supports_attention(cache16, 5)                      # heads not a multiple
+    assert not cpu_avx2.supports_attention(torch.zeros(2, 4, 2, 60, dtype=torch.bfloat16), 4)
