@@ -66,12 +66,11 @@ def llama_bench_decode(peer: str, gguf: str, threads: int, tokens: int, repetiti
     return float(json.loads(out)[0]["avg_ts"])
 
 
-def ringserve_decode(model: str, dtype: str, tokens: int, repetitions: int) -> float:
+def ringserve_decode(model: str, dtype: str, threads: int, tokens: int, repetitions: int) -> float:
     """The same shape through ringserve: one request, a one-token prompt, `tokens` generated."""
     from tools.bench_latency import measure
 
-    load_format = "auto"
-    result = measure(model, None, 1, 1, tokens, repetitions, load_format=load_format, dtype=dtype)
+    result = measure(model, None, 1, 1, tokens, repetitions, load_format="auto", dtype=dtype, cpu_threads=threads)
     return result["output_tokens_per_s"]
 
 
@@ -119,7 +118,8 @@ def format_report(report: dict) -> str:
 @click.option("--peer-dir", default=DEFAULT_PEER, show_default=True, help="llama.cpp's build (bin/)")
 @click.option("--tokenizer", default=None, help="for the client; default: MODEL when it is a directory")
 @click.option("--dtype", default="bfloat16", show_default=True, help="ringserve's dtype")
-@click.option("--threads", default=os.cpu_count() or 1, show_default=True, help="llama.cpp's -t")
+@click.option("--threads", default=os.cpu_count() or 1, show_default=True,
+              help="llama.cpp's -t and ringserve's --cpu-threads")
 @click.option("--slots", default=16, show_default=True, help="llama-server's parallel slots (-np)")
 @click.option("--context", default=20480, show_default=True,
               help="llama-server's total context (-c), split over the slots: 1,280 tokens each by default")
@@ -141,7 +141,7 @@ def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cac
     if not os.path.isfile(os.path.join(peer_dir, "bin", "llama-server")):
         raise click.UsageError(f"no llama-server in {peer_dir}/bin (build it: ../shared/peers/llama-cpp.sh)")
     flags = dict(dtype=dtype, max_model_len=2048, block_size=16, kv_cache_memory=kv_cache_memory,
-                 max_num_seqs=slots, max_num_batched_tokens=2048)
+                 max_num_seqs=slots, max_num_batched_tokens=2048, cpu_threads=threads)
     report: dict = {"model": model, "gguf": gguf, "dtype": dtype, "threads": threads, "rounds": rounds,
                     "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                     "load": {"llama.cpp": [], "ringserve": []}}
@@ -161,7 +161,7 @@ def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cac
         if decode:
             click.echo(f"round {r + 1}: batch-1 decode", err=True)
             speeds["llama.cpp"].append(llama_bench_decode(peer_dir, gguf, threads, decode_tokens, 3))
-            speeds["ringserve"].append(ringserve_decode(model, dtype, decode_tokens, 3))
+            speeds["ringserve"].append(ringserve_decode(model, dtype, threads, decode_tokens, 3))
     if serve:
         report["serve"] = {
             name: [{key: _summary([run[sc.name][key] for run in runs[name]]) for key in SERVE_FIGURES}

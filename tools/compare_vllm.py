@@ -109,6 +109,8 @@ def start_ringserve(model: str, port: int, flags: dict) -> subprocess.Popen:
             "--max-num-seqs", str(flags["max_num_seqs"]),
             "--max-num-batched-tokens", str(flags["max_num_batched_tokens"]),
             "--enable-prefix-caching", "--seed", "0", "--log-level", "warning"]
+    if flags.get("cpu_threads"):
+        args += ["--cpu-threads", str(flags["cpu_threads"])]
     env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 

@@ -77,8 +77,8 @@ class UpcastMatmul:
 
     def matmul(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         y = self.matmul_float(x, with_bias)
-        if y is None:
-            return F.linear(x, self.weight, self.bias if with_bias else None)
+        if y is None:       # activations may be float32 over 16-bit weights (engine/models/llama.py)
+            y = F.linear(x.to(self.weight.dtype), self.weight, self.bias if with_bias else None)
         return y.to(x.dtype)
 
 

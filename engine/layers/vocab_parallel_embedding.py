@@ -55,7 +55,7 @@ class ParallelLMHead(UpcastMatmul, VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.matmul_float(hidden, with_bias=False)
         if logits is None:
-            logits = F.linear(hidden, self.weight)
+            logits = F.linear(hidden.to(self.weight.dtype), self.weight)
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.vocab_size]
         return logits.float()

@@ -92,6 +92,8 @@ ENGINE_OPTIONS = [
     click.option("--load-format", type=click.Choice(LOAD_FORMATS), default="auto",
                  help="Weights: safetensors, or dummy (random) for benchmarks at real shapes."),
     click.option("--device", type=click.Choice(DEVICES), default="auto", help="Where the model runs."),
+    click.option("--cpu-threads", type=click.IntRange(min=1), default=None,
+                 help="torch threads of each CPU executor (default: the cores divided by the executors)."),
     click.option("--scheduling-policy", type=click.Choice(SCHEDULING_POLICIES), default="fcfs",
                  help="fcfs, or priority (the request's priority field; lower runs first)."),
     click.option("--long-prefill-token-threshold", type=SIZE, default=0,
@@ -141,6 +143,6 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         long_prefill_token_threshold=options["long_prefill_token_threshold"],
         async_scheduling=options["async_scheduling"],
         data_parallel_size=options["data_parallel_size"], data_parallel_routing=options["data_parallel_routing"],
-        kv_events_config=options["kv_events_config"],
+        kv_events_config=options["kv_events_config"], cpu_threads=options["cpu_threads"],
         grammar_compile_timeout_s=options["grammar_compile_timeout"], **extra,
     )

@@ -1,12 +1,15 @@
-"""bf16 models on CPUs without bf16 matmul units multiply in fp32 from exact fp32 weight copies."""
+"""bf16 models on CPUs without bf16 matmul units multiply in fp32 from exact fp32 weight copies, or with
+kernels/cpu_avx2 straight from the 16-bit weights, and carry float32 activations."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.layers.cpu_matmul import UpcastMatmul
+from engine.layers.cpu_matmul import UpcastMatmul, should_upcast
 from engine.models.loader import load_model
+from kernels import cpu_avx2
 from tests.engine.hf_models import PagedBatchRunner, tiny_model_fixture  # noqa: F401
 
 
@@ -31,3 +34,32 @@ def test_upcast_matches_native_bf16_within_bf16_rounding(tiny_model, monkeypatch
     assert upcast.dtype == torch.float32
     torch.testing.assert_close(upcast, native, atol=0.05, rtol=0.05)
     assert torch.equal(upcast.argmax(-1), native.argmax(-1))
+
+
+def _steps(path, dtype: str) -> tuple[list[torch.Tensor], torch.nn.Module]:
+    """A prefill of two requests, then three pure-decode steps of both (the C kernels' decode shapes)."""
+    config = EngineConfig(model=str(path), dtype=dtype, device="cpu").finalize()
+    model = load_model(config, device="cpu", progress=False)
+    runner = PagedBatchRunner(model, num_blocks=32, block_size=4)
+    out = runner.step({"a": [3, 14, 15, 92, 65, 35, 89], "b": [2, 71, 82, 81]})
+    logits = [torch.cat(list(out.values()))]
+    for token in (7, 8, 9):
+        logits.append(torch.cat(list(runner.step({"a": [token], "b": [token + 1]}).values())))
+    return logits, model
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+def test_cpu_kernels_match_the_torch_path(tiny_model, monkeypatch, arch):
+    """With kernels/cpu_avx2 (16-bit matmul, decode attention) the bf16 model computes what the torch path
+    computes within bf16 rounding, and carries float32 activations over its 16-bit weights either way."""
+    if not cpu_avx2.available() or not should_upcast(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("needs the AVX2 kernels on a CPU without bf16 arithmetic")
+    path = tiny_model(arch)
+    fast, fast_model = _steps(path, "bfloat16")
+    assert fast_model.activation_dtype == torch.float32
+    assert all(m.gemm16 for m in fast_model.modules() if isinstance(m, UpcastMatmul))
+    monkeypatch.setattr(cpu_avx2, "available", lambda: False)
+    slow, slow_model = _steps(path, "bfloat16")
+    assert not any(m.gemm16 for m in slow_model.modules() if isinstance(m, UpcastMatmul))
+    for got, expected in zip(fast, slow, strict=True):
+        torch.testing.assert_close(got, expected, atol=0.05, rtol=0.05)   # random weights: near-ties flip
