@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -40,13 +41,13 @@ def start_llama_server(peer: str, gguf: str, port: int, threads: int, slots: int
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
-def serve_figures(start, port: int, tokenizer: str) -> dict:
+def serve_figures(start, port: int, tokenizer: str, scenarios: tuple) -> dict:
     """Start a server, run every scenario, stop it; the load average around the run is kept with it."""
     load_before = os.getloadavg()[0]
     proc = start()
     try:
         wait_healthy(proc, port)
-        results = run_scenarios(port, tokenizer)
+        results = run_scenarios(port, tokenizer, scenarios)
     finally:
         proc.terminate()
         try:
@@ -89,8 +90,8 @@ def format_report(report: dict) -> str:
 
     width = 26 if rounds > 1 else 12
     header = f"{'':30}{'llama.cpp':>{width}}{'ringserve':>{width}}{'ratio':>9}"
-    for i, sc in enumerate(SCENARIOS if "serve" in report else ()):
-        lines += ["", f"serving: {sc.name} ({sc.num_prompts} prompts)", header]
+    for i, name in enumerate(report["scenarios"] if "serve" in report else ()):
+        lines += ["", f"serving: {name}", header]
         for key in SERVE_FIGURES:
             peer, ours = report["serve"]["llama.cpp"][i][key], report["serve"]["ringserve"][i][key]
             lines.append(f"{key:30}{cell(peer):>{width}}{cell(ours):>{width}}"
@@ -126,11 +127,13 @@ def format_report(report: dict) -> str:
 @click.option("--kv-cache-memory", default=1 << 30, show_default=True, help="ringserve's KV cache bytes")
 @click.option("--decode-tokens", default=128, show_default=True)
 @click.option("--rounds", default=1, show_default=True, help="alternate the engines this many times")
+@click.option("--prompts-scale", default=1.0, show_default=True,
+              help="scale every scenario's number of prompts (e.g. 0.25 for a quick look; concurrency stays)")
 @click.option("--serve/--no-serve", default=True)
 @click.option("--decode/--no-decode", default=True)
 @click.option("--out", default=None, help="write the whole report as JSON here")
 def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cache_memory, decode_tokens, rounds,
-        serve, decode, out):
+        prompts_scale, serve, decode, out):
     """Serving latency/throughput and batch-1 decode, ringserve beside llama.cpp, one run."""
     import platform
 
@@ -145,6 +148,9 @@ def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cac
     report: dict = {"model": model, "gguf": gguf, "dtype": dtype, "threads": threads, "rounds": rounds,
                     "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                     "load": {"llama.cpp": [], "ringserve": []}}
+    scenarios = tuple(dataclasses.replace(sc, num_prompts=max(sc.max_concurrency, round(sc.num_prompts * prompts_scale)))
+                      for sc in SCENARIOS)
+    report["scenarios"] = [f"{sc.name} ({sc.num_prompts} prompts)" for sc in scenarios]
     runs: dict[str, list[dict]] = {"llama.cpp": [], "ringserve": []}
     speeds: dict[str, list[float]] = {"llama.cpp": [], "ringserve": []}
     for r in range(rounds):
@@ -152,9 +158,9 @@ def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cac
             port = free_port()
             click.echo(f"round {r + 1}: llama.cpp serving", err=True)
             peer = serve_figures(lambda p=port: start_llama_server(peer_dir, gguf, p, threads, slots, context), port,
-                                 tokenizer)
+                                 tokenizer, scenarios)
             click.echo(f"round {r + 1}: ringserve serving", err=True)
-            ours = serve_figures(lambda p=port: start_ringserve(model, p, flags), port, tokenizer)
+            ours = serve_figures(lambda p=port: start_ringserve(model, p, flags), port, tokenizer, scenarios)
             for name, result in (("llama.cpp", peer), ("ringserve", ours)):
                 runs[name].append(result["scenarios"])
                 report["load"][name].append(result["load"])

@@ -129,11 +129,11 @@ def wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 900.0) -> N
     raise RuntimeError("the server did not become healthy in time")
 
 
-def run_scenarios(port: int, tokenizer: str) -> dict[str, dict]:
+def run_scenarios(port: int, tokenizer: str, scenarios: tuple[Scenario, ...] = SCENARIOS) -> dict[str, dict]:
     from tools.bench_serve import BenchSettings, run_benchmark
 
     results = {}
-    for sc in SCENARIOS:
+    for sc in scenarios:
         settings = BenchSettings(
             base_url=f"http://127.0.0.1:{port}", tokenizer=tokenizer, dataset=sc.dataset,
             num_prompts=sc.num_prompts, random_input_len=sc.input_len, random_output_len=sc.output_len,
