@@ -29,6 +29,7 @@ def llm():
         yield llm
 
 
+@pytest.mark.slow     # transformers' own GGUF load dominates: ~40-90 s on 2 cores; `pytest -m slow` runs it
 def test_greedy_tokens_match_transformers_on_the_same_gguf(llm):
     from transformers import AutoModelForCausalLM
 
