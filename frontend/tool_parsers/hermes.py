@@ -90,10 +90,7 @@ class HermesStreamer(ToolCallStreamer):
         elif self.state == _OPEN:
             self.content.add(self.prefix)
         elif self.state == _CALL:
-            if self.reader.announced:
-                self.mark_broken()
-            else:
-                self.content.add(self.prefix + "".join(self.reader.pieces))
+            self.reader.end_unfinished(self.prefix)
 
 
 class HermesToolParser(ToolParser):

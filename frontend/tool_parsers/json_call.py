@@ -38,6 +38,14 @@ class JsonCallReader:
     def announced(self) -> bool:
         return self.index is not None
 
+    def end_unfinished(self, held: str) -> None:
+        """The output ended inside this call: an announced call is broken; an unannounced one was text after
+        all (`held`, the parser's text before the call, then what the reader took)."""
+        if self.announced:
+            self.streamer.mark_broken()
+        else:
+            self.streamer.content.add(held + "".join(self.pieces))
+
     def feed(self, text: str, start: int) -> int:
         """Read text[start:] up to the end of the object; returns where it stopped. The first piece must
         start at the object's '{' (callers check that before making a reader)."""

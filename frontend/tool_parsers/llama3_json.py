@@ -84,10 +84,7 @@ class Llama3JsonStreamer(ToolCallStreamer):
         if self.state == _START:
             self.content.add(self.lead)
         elif self.state == _CALL:
-            if self.reader.announced:
-                self.mark_broken()
-            else:
-                self.content.add(self.between + "".join(self.reader.pieces))
+            self.reader.end_unfinished(self.between)
         elif self.state == _NEXT:
             self.content.add(self.between)
 

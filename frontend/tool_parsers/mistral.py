@@ -96,10 +96,7 @@ class MistralStreamer(ToolCallStreamer):
         elif self.state in (_OPEN, _ITEM):
             self.content.add(self.held)
         elif self.state == _CALL:
-            if self.reader.announced:
-                self.mark_broken()
-            else:
-                self.content.add(self.held + "".join(self.reader.pieces))
+            self.reader.end_unfinished(self.held)
 
 
 class MistralToolParser(ToolParser):
