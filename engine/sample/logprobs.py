@@ -81,13 +81,7 @@ def compute_prompt_logprobs(logits: torch.Tensor, target_token_ids: torch.Tensor
                          target_token_ids[start : start + PROMPT_LOGPROBS_CHUNK_ROWS], k, workspace=workspace)
         for start in range(0, max(n, 1), PROMPT_LOGPROBS_CHUNK_ROWS)   # one empty chunk when n == 0
     ]
-    if len(parts) == 1:
-        return parts[0]
-    return LogprobsTensors(
-        token_ids=torch.cat([p.token_ids for p in parts]),
-        logprobs=torch.cat([p.logprobs for p in parts]),
-        ranks=torch.cat([p.ranks for p in parts]),
-    )
+    return _concat(parts)
 
 
 def prompt_logprobs_from_hidden(
@@ -108,6 +102,11 @@ def prompt_logprobs_from_hidden(
                                 target_token_ids[start : start + chunk_rows], k)
         for start in range(0, max(n, 1), chunk_rows)                 # one empty chunk when n == 0
     ]
+    return _concat(parts)
+
+
+def _concat(parts: list[LogprobsTensors]) -> LogprobsTensors:
+    """The rows of several chunks' logprobs, in order, as one LogprobsTensors."""
     if len(parts) == 1:
         return parts[0]
     return LogprobsTensors(
