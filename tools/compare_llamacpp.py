@@ -24,7 +24,7 @@ import sys
 
 import click
 
-from tools.compare_vllm import SCENARIOS, free_port, run_scenarios, start_ringserve, wait_healthy
+from tools.compare_vllm import SCENARIOS, emit_report, free_port, run_scenarios, start_ringserve, wait_healthy
 
 DEFAULT_PEER = "/tmp/peer-llama-cpp"
 SERVE_FIGURES = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms")
@@ -176,11 +176,7 @@ def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cac
         }
     if decode:
         report["decode"] = {"tokens": decode_tokens, **{name: _summary(v) for name, v in speeds.items()}}
-    text = format_report(report)
-    click.echo(text)
-    if out:
-        with open(out, "w") as f:
-            json.dump({**report, "table": text}, f, indent=1)
+    emit_report(report, format_report(report), out)
 
 
 if __name__ == "__main__":

@@ -158,6 +158,14 @@ def serve_with(name: str, start, port: int, tokenizer: str) -> dict[str, dict]:
             proc.wait()
 
 
+def emit_report(report: dict, text: str, out: str | None) -> None:
+    """Print the table; with out, also write the whole report (and the table) as JSON."""
+    click.echo(text)
+    if out:
+        with open(out, "w") as f:
+            json.dump({**report, "table": text}, f, indent=1)
+
+
 def format_report(report: dict) -> str:
     lines = [f"model: {report['model']} ({report['flags']['dtype']}); machine: {report['machine']}"]
     if "offline" in report:
@@ -240,11 +248,7 @@ def cli(model, vllm_python, tokenizer, dtype, max_model_len, block_size, kv_cach
             "ringserve": serve_with("ringserve", lambda: start_ringserve(model_dir, port, flags), port,
                                     tokenizer),
         }
-    text = format_report(report)
-    click.echo(text)
-    if out:
-        with open(out, "w") as f:
-            json.dump({**report, "table": text}, f, indent=1)
+    emit_report(report, format_report(report), out)
 
 
 if __name__ == "__main__":
