@@ -104,8 +104,154 @@ void gemm16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, i
     for (int64_t n = blocks * ROWS; n < N; n++) single(x, w, y, M, n, N, K, is_bf16);
 }
 
+
+/* ---------------------------------------------------------------- vector helpers */
+
+/* exp(x) for 8 floats: Cody-Waite range reduction to 2^n * exp(r), |r| <= ln2/2, and a degree-6 polynomial
+ * (relative error ~2e-7, below float32's rounding of most inputs); inputs under -87.3 give 0, over 88.7 +inf
+ * is not needed here (softmax and SiLU only pass values <= 0 or saturate through the reciprocal). */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.3f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* The eight sums of a0..a7 in one vector (lane j = sum of aj). */
+static inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                           __m256 a7) {
+    __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
+
+/* float32 -> 16 bits, rounding to nearest even as torch's .to() does (NaN stays NaN). */
+static inline uint16_t narrow1(float v, int is_bf16) {
+    if (!is_bf16) return _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
+    union { float f; uint32_t u; } c = {.f = v};
+    if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40);
+    return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
+}
+
+/* ---------------------------------------------------------------- decode attention */
+
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
+#define KEYS 8
+
+/* Values: out[g][d0 .. d0 + 8 NV) += sum_t p[g][t] v_t[d0 ..] for two query heads (g, g + 1) of a group,
+ * NV vectors of the head at a time in registers; the probabilities of a padding head are zeros. */
+static inline __attribute__((always_inline)) void value_pass(
+    const uint16_t *value_cache, const int32_t *table, int64_t S, int64_t block_size, int64_t row_stride,
+    int64_t d0, const float *p0, const float *p1, float *o0, float *o1, int is_bf16, const int NV) {
+    __m256 a[4], b[4];
+    for (int c = 0; c < NV; c++) a[c] = b[c] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < S; t++) {
+        const uint16_t *v = value_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row_stride
+                            + d0;
+        __m256 pa = _mm256_set1_ps(p0[t]), pb = _mm256_set1_ps(p1[t]);
+        for (int c = 0; c < NV; c++) {
+            __m256 vv = load8(v + 8 * c, is_bf16);
+            a[c] = _mm256_fmadd_ps(pa, vv, a[c]);
+            b[c] = _mm256_fmadd_ps(pb, vv, b[c]);
+        }
+    }
+    for (int c = 0; c < NV; c++) {
+        _mm256_storeu_ps(o0 + d0 + 8 * c, a[c]);
+        _mm256_storeu_ps(o1 + d0 + 8 * c, b[c]);
+    }
+}
+
+/* One (request, KV head) task: the group's query heads q [group, D] (float32) against S cached keys and
+ * values. scores is scratch of (group rounded up to even) * S floats; out [group, D]. */
+static void attend_one(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
+                       const int32_t *table, int64_t S, int64_t group, int64_t Hk, int64_t D, int64_t block_size,
+                       float scale, int is_bf16, float *scores, float *out) {
+    const int64_t row_stride = Hk * D, padded = (group + 1) & ~(int64_t)1;
+    float keys[KEYS][MAX_HEAD_DIM];
+    /* scores: eight keys widened into L1 at a time, then each query head's eight dots reduced together */
+    for (int64_t t0 = 0; t0 < S; t0 += KEYS) {
+        const int64_t n = S - t0 < KEYS ? S - t0 : KEYS;
+        for (int64_t j = 0; j < KEYS; j++) {
+            if (j < n) {
+                const int64_t t = t0 + j;
+                const uint16_t *k = key_cache + ((int64_t)table[t / block_size] * block_size + t % block_size)
+                                    * row_stride;
+                for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, load8(k + d, is_bf16));
+            } else {
+                for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, _mm256_setzero_ps());
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            const float *qg = q + g * D;
+            __m256 a[KEYS];
+            for (int j = 0; j < KEYS; j++) a[j] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8) {
+                __m256 qv = _mm256_loadu_ps(qg + d);
+                for (int j = 0; j < KEYS; j++) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[j] + d), qv, a[j]);
+            }
+            __m256 s = _mm256_mul_ps(hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]), _mm256_set1_ps(scale));
+            float lanes[KEYS];
+            _mm256_storeu_ps(lanes, s);
+            for (int64_t j = 0; j < n; j++) scores[g * S + t0 + j] = lanes[j];
+        }
+    }
+    /* softmax per head, unnormalised: exp(s - max); the sum divides at the end */
+    float inv_sum[MAX_GROUP + 1];
+    for (int64_t g = 0; g < padded; g++) {
+        float *sg = scores + g * S;
+        if (g >= group) {
+            for (int64_t t = 0; t < S; t++) sg[t] = 0.0f;
+            inv_sum[g] = 0.0f;
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < S; t++) mx = sg[t] > mx ? sg[t] : mx;
+        __m256 vmax = _mm256_set1_ps(mx), total = _mm256_setzero_ps();
+        int64_t t = 0;
+        for (; t + 8 <= S; t += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), vmax));
+            _mm256_storeu_ps(sg + t, e);
+            total = _mm256_add_ps(total, e);
+        }
+        float sum = hsum(total);
+        for (; t < S; t++) {
+            float lane[8] = {sg[t] - mx};
+            float e[8];
+            _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(lane)));
+            sg[t] = e[0];
+            sum += e[0];
+        }
+        inv_sum[g] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
+    /* values, two query heads at a time, 32 dims of each in registers */
+    float pad[MAX_HEAD_DIM];
+    for (int64_t g = 0; g < padded; g += 2) {
+        float *o0 = out + g * D, *o1 = g + 1 < group ? out + (g + 1) * D : pad;
+        const float *p0 = scores + g * S, *p1 = scores + (g + 1) * S;
+        int64_t d0 = 0;
+        for (; d0 + 32 <= D; d0 += 32)
+            value_pass(value_cache, table, S, block_size, row_stride, d0, p0, p1, o0, o1, is_bf16, 4);
+        for (; d0 < D; d0 += 8)
+            value_pass(value_cache, table, S, block_size, row_stride, d0, p0, p1, o0, o1, is_bf16, 1);
+        for (int64_t d = 0; d < D; d++) {
+            o0[d] *= inv_sum[g];
+            if (g + 1 < group) o1[d] *= inv_sum[g + 1];
+        }
+    }
+}
 
 /* q [R, Hq, D] float32; caches [num_blocks, block_size, Hk, D] 16-bit; block_tables [R, max_blocks] int32;
  * out [R, Hq, D] float32. Needs Hq % Hk == 0, Hq / Hk <= MAX_GROUP, D % 8 == 0, D <= MAX_HEAD_DIM. */
@@ -114,56 +260,152 @@ void paged_decode_attention16(const float *q, const uint16_t *key_cache, const u
                               float *out, int64_t R, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
                               float scale, int is_bf16, int num_threads) {
     const int64_t group = Hq / Hk;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t task = 0; task < R * Hk; task++) {
-        const int64_t r = task / Hk, h = task % Hk, S = seq_lens[r];
-        const int32_t *table = block_tables + r * max_blocks;
-        const float *qh = q + (r * Hq + h * group) * D;
-        float *scores = malloc(sizeof(float) * (size_t)(S > 0 ? S : 1) * (size_t)group);
-        float acc[MAX_GROUP * MAX_HEAD_DIM];
-        float maxs[MAX_GROUP], sums[MAX_GROUP];
-        for (int64_t g = 0; g < group; g++) maxs[g] = -INFINITY, sums[g] = 0.0f;
-        for (int64_t t = 0; t < S; t++) {
-            const uint16_t *k = key_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * Hk * D
-                                + h * D;
-            for (int64_t g = 0; g < group; g++) {
-                __m256 a = _mm256_setzero_ps(), b = a;
-                int64_t d = 0;
-                for (; d + 16 <= D; d += 16) {
-                    a = _mm256_fmadd_ps(load8(k + d, is_bf16), _mm256_loadu_ps(qh + g * D + d), a);
-                    b = _mm256_fmadd_ps(load8(k + d + 8, is_bf16), _mm256_loadu_ps(qh + g * D + d + 8), b);
-                }
-                if (d < D) a = _mm256_fmadd_ps(load8(k + d, is_bf16), _mm256_loadu_ps(qh + g * D + d), a);
-                float s = hsum(_mm256_add_ps(a, b)) * scale;
-                scores[g * S + t] = s;
-                if (s > maxs[g]) maxs[g] = s;
-            }
-        }
-        for (int64_t g = 0; g < group; g++) {
-            float *sg = scores + g * S, total = 0.0f;
-            for (int64_t t = 0; t < S; t++) total += (sg[t] = expf(sg[t] - maxs[g]));
-            sums[g] = total;
-        }
-        /* values: 64 output dims of one query head in 8 registers, over all keys (V stays in L2) */
-        for (int64_t d0 = 0; d0 < D; d0 += 64) {
-            const int64_t chunks = (D - d0 < 64 ? D - d0 : 64) / 8;
-            for (int64_t g = 0; g < group; g++) {
-                __m256 a[8];
-                for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
-                const float *sg = scores + g * S;
-                for (int64_t t = 0; t < S; t++) {
-                    const uint16_t *v = value_cache + h * D + d0
-                        + ((int64_t)table[t / block_size] * block_size + t % block_size) * Hk * D;
-                    __m256 p = _mm256_set1_ps(sg[t]);
-                    for (int c = 0; c < chunks; c++) a[c] = _mm256_fmadd_ps(p, load8(v + 8 * c, is_bf16), a[c]);
-                }
-                for (int c = 0; c < chunks; c++) _mm256_storeu_ps(acc + g * D + d0 + 8 * c, a[c]);
-            }
-        }
-        for (int64_t g = 0; g < group; g++) {
-            float *o = out + (r * Hq + h * group + g) * D, inv = sums[g] > 0.0f ? 1.0f / sums[g] : 0.0f;
-            for (int64_t d = 0; d < D; d++) o[d] = acc[g * D + d] * inv;
+    int64_t longest = 1;
+    for (int64_t r = 0; r < R; r++) longest = seq_lens[r] > longest ? seq_lens[r] : longest;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)longest * (size_t)((group + 1) & ~(int64_t)1));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < R * Hk; task++) {
+            const int64_t r = task / Hk, h = task % Hk;
+            attend_one(q + (r * Hq + h * group) * D, key_cache + h * D, value_cache + h * D,
+                       block_tables + r * max_blocks, seq_lens[r], group, Hk, D, block_size, scale, is_bf16, scores,
+                       out + (r * Hq + h * group) * D);
         }
         free(scores);
     }
+}
+
+/* ---------------------------------------------------------------- a whole decode step's layers */
+
+/* One decoder layer's 16-bit tensors (NULL where the model has none) and its paged KV cache. */
+typedef struct {
+    const uint16_t *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o_proj, *post_norm, *gate_up, *down;
+    uint16_t *key_cache, *value_cache;
+} DecodeLayer;
+
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
+    float eps, scale;
+    int is_bf16;
+    const DecodeLayer *layers;
+    const uint16_t *final_norm;
+    const float *cos_sin;          /* [max_positions, head_dim]: cos in the first half, sin in the second */
+} DecodeModel;
+
+/* out[r] = w * x[r] / rms(x[r]) over rows of n floats (the residual stream), float32 throughout. */
+static void rms_norm_rows(const float *x, const uint16_t *w, float *out, int64_t T, int64_t n, float eps,
+                          int is_bf16) {
+    for (int64_t r = 0; r < T; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum(acc);
+        for (; i < n; i++) ss += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        __m256 vinv = _mm256_set1_ps(inv);
+        for (i = 0; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(load8(w + i, is_bf16), _mm256_mul_ps(_mm256_loadu_ps(xr + i), vinv)));
+        for (; i < n; i++) o[i] = widen1(w[i], is_bf16) * (xr[i] * inv);
+    }
+}
+
+static void add_rows(float *acc, const float *x, int64_t count) {
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8)
+        _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_loadu_ps(x + i)));
+    for (; i < count; i++) acc[i] += x[i];
+}
+
+/* neox rotary embedding of `heads` heads of D at x, by the table row of one position */
+static void rope_heads(float *x, int64_t heads, int64_t D, const float *cos_sin) {
+    const int64_t half = D / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *xh = x + h * D;
+        for (int64_t i = 0; i < half; i++) {
+            const float c = cos_sin[i], s = cos_sin[half + i], x1 = xh[i], x2 = xh[half + i];
+            xh[i] = x1 * c - x2 * s;
+            xh[half + i] = x2 * c + x1 * s;
+        }
+    }
+}
+
+/* silu(gate) * up for rows [gate | up] of 2I floats -> rows of I floats */
+static void silu_mul_rows(const float *gu, float *out, int64_t T, int64_t I) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t r = 0; r < T; r++) {
+        const float *g = gu + r * 2 * I, *u = g + I;
+        float *o = out + r * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+        }
+        for (; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* A pure-decode step (one new token per request) through every layer, then the final norm.
+ * x [T, hidden]: the tokens' embeddings in, the normed last hidden states out. Request r's token sits at
+ * positions[r], goes to cache slot slots[r] (< 0: padding, not written, attends nothing) and attends the
+ * seq_lens[r] cached tokens of block_tables[r] (its own included). Same arithmetic as the torch layers
+ * in float32, with 16-bit weights and cache. */
+void decode_forward16(const DecodeModel *m, float *x, const int64_t *positions, const int64_t *slots,
+                      const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks, int64_t T,
+                      int num_threads) {
+    const int64_t H = m->hidden, Hq = m->num_heads, Hk = m->num_kv_heads, D = m->head_dim, I = m->intermediate;
+    const int64_t qkv_n = (Hq + 2 * Hk) * D, bs = m->block_size;
+    const int is_bf16 = m->is_bf16;
+    float *residual = malloc(sizeof(float) * T * H), *normed = malloc(sizeof(float) * T * H);
+    float *qkv = malloc(sizeof(float) * T * qkv_n), *attn = malloc(sizeof(float) * T * Hq * D);
+    float *gu = malloc(sizeof(float) * T * 2 * I), *act = malloc(sizeof(float) * T * I);
+    float *q = malloc(sizeof(float) * T * Hq * D);
+    int32_t *lens = malloc(sizeof(int32_t) * T);
+    for (int64_t r = 0; r < T; r++) lens[r] = slots[r] < 0 ? 0 : seq_lens[r];
+    for (int64_t i = 0; i < T * H; i++) residual[i] = 0.0f;
+
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const DecodeLayer *L = m->layers + l;
+        add_rows(residual, x, T * H);                       /* x: the embeddings, then each layer's output */
+        rms_norm_rows(residual, L->input_norm, normed, T, H, m->eps, is_bf16);
+        gemm16(normed, L->qkv, qkv, T, qkv_n, H, is_bf16, num_threads);
+        for (int64_t r = 0; r < T; r++) {
+            float *row = qkv + r * qkv_n;
+            if (L->qkv_bias)
+                for (int64_t i = 0; i < qkv_n; i++) row[i] += widen1(L->qkv_bias[i], is_bf16);
+            if (L->q_norm) {
+                for (int64_t h = 0; h < Hq; h++) rms_norm_rows(row + h * D, L->q_norm, row + h * D, 1, D, m->eps, is_bf16);
+                for (int64_t h = 0; h < Hk; h++)
+                    rms_norm_rows(row + (Hq + h) * D, L->k_norm, row + (Hq + h) * D, 1, D, m->eps, is_bf16);
+            }
+            const float *cs = m->cos_sin + positions[r] * D;
+            rope_heads(row, Hq + Hk, D, cs);
+            for (int64_t i = 0; i < Hq * D; i++) q[r * Hq * D + i] = row[i];
+            if (slots[r] >= 0) {
+                const float *k = row + Hq * D, *v = k + Hk * D;
+                uint16_t *kc = L->key_cache + slots[r] * Hk * D, *vc = L->value_cache + slots[r] * Hk * D;
+                for (int64_t i = 0; i < Hk * D; i++) {
+                    kc[i] = narrow1(k[i], is_bf16);
+                    vc[i] = narrow1(v[i], is_bf16);
+                }
+            }
+        }
+        paged_decode_attention16(q, L->key_cache, L->value_cache, lens, block_tables, max_blocks, attn, T, Hq, Hk, D,
+                                 bs, m->scale, is_bf16, num_threads);
+        gemm16(attn, L->o_proj, x, T, H, Hq * D, is_bf16, num_threads);
+        add_rows(residual, x, T * H);
+        rms_norm_rows(residual, L->post_norm, normed, T, H, m->eps, is_bf16);
+        gemm16(normed, L->gate_up, gu, T, 2 * I, H, is_bf16, num_threads);
+        silu_mul_rows(gu, act, T, I);
+        gemm16(act, L->down, x, T, H, I, is_bf16, num_threads);
+    }
+    add_rows(residual, x, T * H);
+    rms_norm_rows(residual, m->final_norm, x, T, H, m->eps, is_bf16);
+    free(residual), free(normed), free(qkv), free(attn), free(gu), free(act), free(q), free(lens);
 }

@@ -66,6 +66,19 @@ def _build(compiler: str) -> str:
     return target
 
 
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "post_norm", "gate_up", "down",
+        "key_cache", "value_cache")]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [*((name, ctypes.c_int64) for name in (
+        "num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "intermediate", "block_size")),
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("is_bf16", ctypes.c_int),
+        ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p), ("cos_sin", ctypes.c_void_p)]
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("RINGSERVE_CPU_KERNELS", "1") == "0" or not _cpu_supported():
@@ -83,6 +96,8 @@ def _library() -> ctypes.CDLL | None:
     lib.paged_decode_attention16.restype = None
     lib.paged_decode_attention16.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
                                              ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    lib.decode_forward16.restype = None
+    lib.decode_forward16.argtypes = [ctypes.POINTER(_Model), ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_int]
     return lib
 
 
@@ -139,3 +154,73 @@ def paged_decode_attention16(query: torch.Tensor, key_cache: torch.Tensor, value
 
 def _float32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+
+
+LAYER_TENSORS = ("input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "post_norm", "gate_up", "down")
+
+
+class DecodeStack:
+    """A Llama-family decoder's layers for `decode_forward16`: one C call runs a pure-decode step (one new
+    token per request) through every layer and the final norm, reading the 16-bit weights and paged cache in
+    place. Built once per KV cache; holds the tensors it points at. Only construct when available().
+
+    layers: per layer a dict of LAYER_TENSORS (16-bit, contiguous, all in one dtype; qkv_bias, q_norm and
+    k_norm may be None) plus "kv_cache" ([2, num_blocks, block_size, Hk, D], the same dtype).
+    """
+
+    def __init__(self, layers: list[dict[str, torch.Tensor | None]], final_norm: torch.Tensor,
+                 cos_sin: torch.Tensor, *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+                 scale: float):
+        dtype = final_norm.dtype
+        kept = [final_norm, cos_sin]
+        for layer in layers:
+            for name in (*LAYER_TENSORS, "kv_cache"):
+                tensor = layer[name]
+                if tensor is None:
+                    continue
+                if tensor.dtype != dtype or not tensor.is_contiguous() or tensor.device.type != "cpu":
+                    raise ValueError(f"DecodeStack: {name} must be a contiguous CPU {dtype} tensor")
+                kept.append(tensor)
+        if dtype not in SUPPORTED or cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous():
+            raise ValueError("DecodeStack: needs bf16/fp16 weights and a contiguous float32 cos/sin table")
+        kv = layers[0]["kv_cache"]
+        if not supports_attention(kv[0], num_heads) or head_dim % 2:
+            raise ValueError("DecodeStack: the decode attention kernel does not take this cache layout")
+        self._kept = kept
+        self._layers = (_Layer * len(layers))()
+        for slot, layer in zip(self._layers, layers):
+            for name in LAYER_TENSORS:
+                tensor = layer[name]
+                setattr(slot, name, None if tensor is None else tensor.data_ptr())
+            slot.key_cache = layer["kv_cache"][0].data_ptr()
+            slot.value_cache = layer["kv_cache"][1].data_ptr()
+        self.hidden = final_norm.shape[0]
+        self._model = _Model(
+            num_layers=len(layers), hidden=self.hidden, num_heads=num_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, intermediate=layers[0]["down"].shape[1], block_size=kv.shape[2], eps=eps,
+            scale=scale, is_bf16=int(dtype == torch.bfloat16), layers=self._layers,
+            final_norm=final_norm.data_ptr(), cos_sin=cos_sin.data_ptr(),
+        )
+        self.max_position = cos_sin.shape[0]
+        self.kv_caches = [layer["kv_cache"] for layer in layers]
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                 seq_lens: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] float32 (the embeddings; overwritten) -> the normed last hidden states [T, hidden].
+        Token r is request r's one new token: positions/slot_mapping int64 [T], seq_lens int32 [T],
+        block_tables int32 [T, max_blocks]."""
+        if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] != self.hidden:
+            raise ValueError(f"DecodeStack: x must be contiguous float32 [T, {self.hidden}]")
+        num_tokens = x.shape[0]
+        positions = positions.to(torch.int64).contiguous()
+        slot_mapping = slot_mapping.to(torch.int64).contiguous()
+        seq_lens = seq_lens.to(torch.int32).contiguous()
+        block_tables = block_tables.to(torch.int32).contiguous()
+        if not (len(positions) == len(slot_mapping) == len(seq_lens) == len(block_tables) == num_tokens):
+            raise ValueError("DecodeStack: one position, slot, length and block table per token")
+        if num_tokens and int(positions.max()) >= self.max_position:
+            raise ValueError(f"DecodeStack: position beyond the rotary table ({self.max_position})")
+        _library().decode_forward16(ctypes.byref(self._model), x.data_ptr(), positions.data_ptr(),
+                                    slot_mapping.data_ptr(), seq_lens.data_ptr(), block_tables.data_ptr(),
+                                    block_tables.shape[1], num_tokens, torch.get_num_threads())
+        return x

@@ -166,10 +166,22 @@ class LlamaForCausalLM(nn.Module):
         self.head_dim = args.head_dim
         self.dtype = dtype
         self.activation_dtype = dtype
+        self.cpu_decode = None          # engine/models/cpu_decode.CpuDecode, set by enable_cpu_decode()
+
+    def enable_cpu_decode(self) -> str | None:
+        """Run pure-decode steps through the fused C path where it applies (engine/models/cpu_decode.py);
+        returns why not otherwise."""
+        from engine.models.cpu_decode import CpuDecode, unsupported_reason
+
+        reason = unsupported_reason(self)
+        self.cpu_decode = CpuDecode(self) if reason is None else None
+        return reason
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] int64 -> hidden states [T, hidden] (in activation_dtype)."""
+        if self.cpu_decode is not None and self.cpu_decode.can_run(metadata, input_ids):
+            return self.cpu_decode(input_ids, positions, kv_caches, metadata)
         widen = self.activation_dtype if self.activation_dtype != self.dtype else None
         return self.model(input_ids, positions, kv_caches, metadata, widen)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import logging
 import os
 import sys
 import zlib
@@ -29,6 +30,8 @@ from engine.layers.weights import CheckpointWeights, SafetensorsSource, ShardId,
 from engine.models import CausalLM, ModelArgs, get_model_class
 from engine.models.gguf_file import is_gguf_path, read_gguf
 from engine.models.gguf_weights import gguf_checkpoint, hf_name
+
+logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -75,6 +78,10 @@ def load_model(
     if should_upcast(torch.device(device), dtype):
         upcast_matmul_weights(model)
         model.activation_dtype = torch.float32        # see engine/models/llama.py
+        if hasattr(model, "enable_cpu_decode"):
+            reason = model.enable_cpu_decode()
+            if reason is not None:
+                logger.info("pure-decode steps run eagerly (no fused CPU decode: %s)", reason)
     return model.eval()
 
 

@@ -1,0 +1,93 @@
+"""Pure-decode steps of a 16-bit Llama-family model on an AVX2 CPU in one C call (kernels/cpu_avx2's
+`decode_forward16`).
+
+At one to a few dozen rows a decode step reads every weight once and does little arithmetic per byte, so
+what the eager torch path adds around its matmuls (about sixty small tensor operations a layer, each a
+dispatch and an allocation) cost as much as the matmuls themselves on the project's 2-core machine. This
+path runs RMSNorm, the QKV product, q/k norms, RoPE, the cache write, decode attention, the output
+projection, the residual adds and the SwiGLU MLP of every layer in C, in float32 over the 16-bit weights
+and cache: the arithmetic of the eager CPU path (engine/layers/cpu_matmul.py), ordered the same way, so it
+agrees with it to float32 rounding (tests/engine/models/test_cpu_decode.py; the equivalence tests against
+transformers run through it). Prefill and mixed steps keep the eager path: they are bound by arithmetic,
+where the per-op overhead is small next to the GEMMs.
+
+Used when: kernels/cpu_avx2 runs here, the model is 16-bit with float32 activations (the upcast CPU path),
+one rank, no output/MLP biases, and the decode attention kernel takes the cache layout.
+RINGSERVE_CPU_FUSED_DECODE=0 turns it off (the eager path runs: for comparisons).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from engine.attention import AttentionMetadata
+from kernels import cpu_avx2
+
+# Rows above this go to the eager path: its float32 GEMMs over the exact fp32 weight copies are faster
+# once the step is bound by arithmetic rather than by reading the weights.
+MAX_ROWS = 64
+
+
+def unsupported_reason(model) -> str | None:
+    """Why `model` (a LlamaForCausalLM) cannot use this path here, or None when it can."""
+    args = model.args
+    if os.environ.get("RINGSERVE_CPU_FUSED_DECODE", "1") == "0":
+        return "RINGSERVE_CPU_FUSED_DECODE=0"
+    if not cpu_avx2.available():
+        return "kernels/cpu_avx2 does not run here"
+    if model.dtype not in cpu_avx2.SUPPORTED or model.activation_dtype != torch.float32:
+        return "not a 16-bit model with float32 activations"
+    if model.model.layers[0].self_attn.qkv_proj.num_heads != args.num_heads:
+        return "tensor parallel"
+    if args.o_bias or args.mlp_bias:
+        return "output or MLP biases"
+    group = args.num_heads // args.num_kv_heads
+    if (args.num_heads % args.num_kv_heads or group > cpu_avx2.MAX_GROUP or args.head_dim % 8
+            or args.head_dim > cpu_avx2.MAX_HEAD_DIM):
+        return "head layout the decode attention kernel does not take"
+    return None
+
+
+class CpuDecode:
+    """Runs a LlamaForCausalLM's pure-decode steps through cpu_avx2.DecodeStack; built per KV cache."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self._stack: cpu_avx2.DecodeStack | None = None
+
+    def can_run(self, metadata: AttentionMetadata, input_ids: torch.Tensor) -> bool:
+        return (metadata.is_pure_decode and not input_ids.is_cuda and 0 < len(input_ids) <= MAX_ROWS
+                and len(metadata.seq_lens) == len(input_ids))
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                 metadata: AttentionMetadata) -> torch.Tensor:
+        stack = self._stack
+        if stack is None or any(a is not b for a, b in zip(stack.kv_caches, kv_caches, strict=True)):
+            stack = self._stack = self._build(kv_caches)
+        hidden = self.model.model.embed_tokens(input_ids).to(torch.float32)
+        return stack(hidden, positions, metadata.slot_mapping, metadata.seq_lens, metadata.block_tables)
+
+    def _build(self, kv_caches: list[torch.Tensor]) -> cpu_avx2.DecodeStack:
+        inner, args = self.model.model, self.model.args
+        layers = []
+        for layer, kv_cache in zip(inner.layers, kv_caches, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            layers.append({
+                "input_norm": layer.input_layernorm.weight.data,
+                "qkv": attn.qkv_proj.weight.data,
+                "qkv_bias": None if attn.qkv_proj.bias is None else attn.qkv_proj.bias.data,
+                "q_norm": attn.q_norm.weight.data if attn.qk_norm else None,
+                "k_norm": attn.k_norm.weight.data if attn.qk_norm else None,
+                "o_proj": attn.o_proj.weight.data,
+                "post_norm": layer.post_attention_layernorm.weight.data,
+                "gate_up": mlp.gate_up_proj.weight.data,
+                "down": mlp.down_proj.weight.data,
+                "kv_cache": kv_cache,
+            })
+        return cpu_avx2.DecodeStack(
+            layers, inner.norm.weight.data, inner.rotary_emb.cos_sin_cache, num_heads=args.num_heads,
+            num_kv_heads=args.num_kv_heads, head_dim=args.head_dim, eps=args.rms_norm_eps,
+            scale=args.head_dim**-0.5,
+        )
