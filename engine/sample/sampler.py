@@ -19,7 +19,11 @@ a group no row needs costs nothing:
   full rows   (no top-k) exp weights over the whole vocabulary, then a two-level inverse-CDF draw; top-p
               looks for the nucleus among the 64 most likely tokens first and, where it is larger (flat
               distributions), draws by rejection with a rising pivot (FlashInfer's scheme), never sorting V.
-Every row draws one uniform number per attempt (engine/sampling_metadata.py says where it comes from).
+Every row draws one uniform number per attempt (engine/sample/metadata.py says where it comes from).
+
+On a GPU a read of a device value on the host drains the stream (review F4), so rows on CUDA take a
+sync-free path instead of the CPU's tuned one: the exp weights skip no pass, and top-p is decided with fixed
+shapes and drawn once (engine/sample/nucleus.py). Either way each row draws from the same distribution.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch.nn.functional as F
 from engine.sample.grammar_mask import GrammarMask
 from engine.sample.logprobs import LogprobsTensors, compute_logprobs
 from engine.sample.metadata import PenaltyTensors, SamplingGroup, SamplingMetadata
+from engine.sample.nucleus import nucleus_floor, padded_width, segment_width
 from engine.sample.transfer import to_device
 from engine.sample.vocab_ops import (
     Workspace,
@@ -60,7 +65,10 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self) -> None:
+    def __init__(self, sync_free: bool | None = None) -> None:
+        """sync_free: take the path that reads nothing back to the host (the GPU's) on any device; None
+        takes it exactly when the logits are on CUDA. Tests force it to check that path on a CPU."""
+        self.sync_free = sync_free
         self._weights = Workspace()      # exp weights of the full-vocabulary rows
         self._scratch = Workspace()      # rejection rounds, logprob ranks
         self._scratch2 = Workspace()
@@ -74,6 +82,7 @@ class Sampler:
         if logits.dim() != 2 or tuple(logits.shape) != (md.num_rows, md.vocab_size):
             raise ValueError(f"logits must have shape ({md.num_rows}, {md.vocab_size}), got {tuple(logits.shape)}")
         logits = logits.float().contiguous()
+        sync_free = logits.is_cuda if self.sync_free is None else self.sync_free
         raw = None
         if md.logprob_rows_tensor is not None:
             raw = self._raw_logits(logits, md)
@@ -93,7 +102,7 @@ class Sampler:
                 sampled[group.positions] = _sample_top_k(logits, block_max, group)
             if md.full_group is not None:
                 group = md.full_group
-                sampled[group.positions] = self._sample_full(logits, block_max, group)
+                sampled[group.positions] = self._sample_full(logits, block_max, group, sync_free)
 
         logprobs = None
         if raw is not None:
@@ -108,26 +117,35 @@ class Sampler:
         out = self._raw.take(len(md.logprob_rows), md.vocab_size, logits.device)
         return torch.index_select(logits, 0, md.logprob_rows_tensor, out=out)
 
-    def _sample_full(self, logits: torch.Tensor, block_max: torch.Tensor, group: SamplingGroup) -> torch.Tensor:
+    def _sample_full(self, logits: torch.Tensor, block_max: torch.Tensor, group: SamplingGroup,
+                     sync_free: bool) -> torch.Tensor:
         """Rows without top-k: temperature and min_p as exp weights over the vocabulary, then top-p."""
-        n, vocab = len(group.positions), logits.shape[1]
+        n, vocab = group.positions.shape[0], logits.shape[1]
         rows = None if group.covers_batch else group.positions
         row_max = (block_max if rows is None else block_max[rows]).amax(-1)
         inv_t = group.inv_temperature
         log_floor = torch.full_like(inv_t, LOG_WEIGHT_FLOOR)
         if group.min_p is not None:
             log_floor = torch.maximum(log_floor, group.min_p.log())
+        # The sync-free top-p sorts the weights in whole segments: they sit in a row padded with zeros.
+        width = padded_width(vocab) if sync_free and group.top_p is not None else vocab
+        padded = self._weights.take(n, width, logits.device)
+        weights = padded[:, :vocab]
+        if width > vocab:
+            padded[:, vocab:].zero_()
         # weight = exp((l - max) / T - floor): >= 1 exactly for the kept tokens; the rest become 0.
-        weights = self._weights.take(n, vocab, logits.device)
         source = logits if rows is None else torch.index_select(logits, 0, rows, out=weights)
         torch.addcmul((-(row_max * inv_t) - log_floor).unsqueeze(1), source, inv_t.unsqueeze(1), out=weights)
-        exp_weights(weights, skip_unneeded_passes=not weights.is_cuda)
+        exp_weights(weights, skip_unneeded_passes=not sync_free)
 
         block_sums = block_reduce(weights, torch.sum)
         uniforms = _uniforms(group, logits.device)
         tokens = sample_rows(weights, uniforms, block_sums)
         if group.top_p is None:
             return tokens
+        if sync_free:
+            return self._sample_top_p_without_syncs(logits, block_max, rows, group, padded, block_sums, uniforms,
+                                                    tokens)
 
         # Top-p rows: the nucleus usually fits among the few most likely tokens; look there first.
         nucleus = (group.top_p < 1.0).nonzero().squeeze(1)
@@ -147,6 +165,26 @@ class Sampler:
             tokens[flat_rows] = self._sample_nucleus_by_rejection(
                 weights, flat_rows, nucleus_mass[outside], tokens[flat_rows], group)
         return tokens
+
+    def _sample_top_p_without_syncs(self, logits: torch.Tensor, block_max: torch.Tensor, rows: torch.Tensor | None,
+                                    group: SamplingGroup, padded: torch.Tensor, block_sums: torch.Tensor,
+                                    uniforms: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Top-p with fixed shapes over every row of the group (engine/sample/nucleus.py): the candidate
+        draw where the nucleus fits among the candidates, else one draw above the nucleus floor."""
+        vocab = logits.shape[1]
+        weights = padded[:, :vocab]
+        top_p = group.top_p
+        nucleus_mass = torch.where(top_p < 1.0, top_p.double() * block_sums.double().sum(-1), math.inf)
+        _, candidates = topk_rows(logits, block_max, rows, min(NUCLEUS_GUESS, vocab))
+        candidate_weights = weights.gather(1, candidates)
+        fits = candidate_weights.double().sum(-1) >= nucleus_mass
+        cols = sample_candidates(candidate_weights, nucleus_mass, uniforms)
+        from_candidates = candidates.gather(1, cols.unsqueeze(1)).squeeze(1)
+        floor = nucleus_floor(padded, segment_width(vocab), top_p)
+        nucleus = torch.mul(weights, weights >= floor.unsqueeze(1),
+                            out=self._scratch.take(weights.shape[0], vocab, logits.device))
+        from_nucleus = sample_rows(nucleus, uniforms)
+        return torch.where(fits, from_candidates, torch.where(top_p < 1.0, from_nucleus, tokens))
 
     def _sample_nucleus_by_rejection(self, weights: torch.Tensor, rows: torch.Tensor, nucleus_mass: torch.Tensor,
                                      first_draw: torch.Tensor, group: SamplingGroup) -> torch.Tensor:
