@@ -266,3 +266,83 @@ def test_sampler_rejects_logits_of_the_wrong_shape():
     with pytest.raises(ValueError, match="logits must have shape"):
         Sampler()(torch.zeros(3, VOCAB), md)
 
+
+
+# ----------------------------------------------------------------------------- the sync-free (GPU) path
+# Forced on CPU tensors: Sampler(sync_free=True) is what the logits get on CUDA (test_host_syncs checks that
+# it makes no host sync, test_nucleus that its nucleus floor is exact).
+def test_sync_free_top_p_large_nucleus():
+    logits = _logits(0.3, seed=2)
+    expected = reference_distribution(logits, top_p=0.5)
+    assert _nucleus_size(expected) > NUCLEUS_GUESS           # drawn above the nucleus floor
+    counts = sample_counts(logits, SamplingParams(temperature=1.0, top_p=0.5), num_samples=40_000, sync_free=True)
+    assert fits(counts, expected)
+    assert not fits(counts, _nucleus_changed_by(expected, softmax(logits), 1))
+    assert not fits(counts, _nucleus_changed_by(expected, softmax(logits), -1))
+
+
+def test_sync_free_small_nucleus_share_after_temperature_and_min_p():
+    """A nucleus of 10 % of what min_p keeps: the CPU path rejects most first draws here, round after round."""
+    vocab = 2000
+    logits = (np.random.default_rng(vocab).normal(size=vocab) * 0.2).astype(np.float32)
+    params = SamplingParams(temperature=0.8, min_p=0.3, top_p=0.1)
+    expected = reference_distribution(logits, temperature=0.8, min_p=0.3, top_p=0.1)
+    assert _nucleus_size(expected) > NUCLEUS_GUESS
+    counts = sample_counts(logits, params, num_samples=20_000, rows_per_call=1000, sync_free=True)
+    assert fits(counts, expected)
+    # Catches: the nucleus measured before min_p, or two tokens too wide.
+    before_min_p = reference_distribution(logits, temperature=0.8, top_p=0.1)
+    assert not fits(counts, before_min_p)
+    assert not fits(counts, _nucleus_changed_by(expected, reference_distribution(logits, temperature=0.8,
+                                                                                 min_p=0.3), 2))
+
+
+def test_sync_free_path_draws_the_cpu_paths_tokens_where_no_rejection_is_needed():
+    """Rows whose nucleus fits among the candidates, rows without top-p, top-k and greedy rows: the same
+    uniforms give the same tokens on both paths, step after step."""
+    params = [SamplingParams(temperature=1.0, top_p=0.8), SamplingParams(temperature=0.7),
+              SamplingParams(temperature=1.2, top_p=0.9, min_p=0.05), SamplingParams(temperature=1.0, top_k=20),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=0.5, top_p=0.95, seed=5)]
+    logits = torch.from_numpy(np.stack([_logits(4.0, seed=row) for row in range(len(params))]))
+    for row, p in enumerate(params):
+        if p.top_p is not None:
+            assert _nucleus_size(reference_distribution(logits[row].numpy(), temperature=p.temperature,
+                                                        top_p=p.top_p, min_p=p.min_p or 0.0)) < NUCLEUS_GUESS
+    (cpu_batch, _), (gpu_batch, _) = _batch(params), _batch(params)
+    cpu, gpu, rows = Sampler(sync_free=False), Sampler(sync_free=True), np.arange(len(params))
+    for _ in range(5):
+        expected = cpu(logits.clone(), cpu_batch.metadata(rows)).sampled_token_ids
+        assert torch.equal(gpu(logits.clone(), gpu_batch.metadata(rows)).sampled_token_ids, expected)
+        cpu_batch.append_tokens(rows, expected.numpy())
+        gpu_batch.append_tokens(rows, expected.numpy())
+
+
+def test_sync_free_seeded_rows_repeat_whatever_their_neighbours():
+    """A seeded row's tokens follow from its seed, position and logits alone, flat or not: the same in a
+    batch of other rows, in another order, under another engine seed, and on every run."""
+    flat, peaked = _logits(0.3, seed=8), _logits(4.0, seed=9)
+    seeded = {"a": (flat, SamplingParams(temperature=1.0, top_p=0.5, seed=11)),
+              "b": (flat, SamplingParams(temperature=0.9, top_p=0.3, seed=12)),
+              "c": (peaked, SamplingParams(temperature=1.0, top_p=0.9, seed=13))}
+    other = (flat, SamplingParams(temperature=1.0, top_p=0.5))
+
+    def run(order: list[str], engine_seed: int) -> dict[str, list[int]]:
+        rows = [seeded[name] if name in seeded else other for name in order]
+        batch = SamplingBatch(len(rows), VOCAB, torch.device("cpu"), seed=engine_seed)
+        for row, (_, p) in enumerate(rows):
+            batch.add_request(row, p.resolved(), [0], [], [VOCAB - 1])
+        logits = torch.from_numpy(np.stack([row_logits for row_logits, _ in rows]))
+        index, sampler = np.arange(len(rows)), Sampler(sync_free=True)
+        drawn = {name: [] for name in seeded}
+        for _ in range(4):
+            tokens = sampler(logits.clone(), batch.metadata(index)).sampled_token_ids
+            batch.append_tokens(index, tokens.numpy())
+            for row, name in enumerate(order):
+                if name in seeded:
+                    drawn[name].append(int(tokens[row]))
+        return drawn
+
+    first = run(["a", "x", "b", "c"], engine_seed=0)
+    assert run(["a", "x", "b", "c"], engine_seed=0) == first
+    assert run(["x", "c", "x", "b", "a", "x"], engine_seed=1) == first
+    assert len(set(first["a"])) > 1                          # each position draws afresh
