@@ -19,13 +19,16 @@ The floor search, exact to the last bit. Each row is cut into segments of up to 
 CUDA torch.sort handles rows of up to 4096 in one pass in shared memory; a whole-vocabulary sort is a
 multi-pass global radix sort, several times the traffic), with float64 prefix sums. The mass at or below
 any threshold is then one binary search per segment. Kept weights are 0 or in [1, e^70] (exp_weights), so
-the floor is one of the 2^30 float32 bit patterns from just below 1.0 to the largest finite float; the
+the floor is one of the 2^30 float32 bit patterns from 1.0 to the largest finite float; the
 search fixes 6 bits of it per round, 63 thresholds at once, in 5 rounds, whatever the distribution.
 
-Cost on [n, V] float32: the sort (read 4 bytes per token, write 12: values and int64 indices), the prefix
-sums (write 8), then the masked copy and its block sums for the draw (read 8, write 4): 5-6 passes, about
-as many as computing the weights; the rounds touch only [n, V / SEGMENT, 63]. Up to ~24 bytes per token
-are held at the peak, transiently; the executor's memory profile runs this path (top-p on flat logits).
+Cost, estimated (no GPU measured it yet): memory traffic of roughly twice that of computing the weights.
+The sort moves ~40 bytes per token (its in-place kernel reads and writes the values and the int64 indices
+torch.sort insists on), the float64 prefix sums ~12, the masked copy and its block sums ~14; the rounds
+touch only [n, V / SEGMENT, 63]. In launches: a fixed ~110 small ops, ~60 of them the floor. Every row of
+the full-vocabulary group pays it, also a row whose nucleus fits the candidates: that is the price of not
+asking. About 24 bytes per token are held at the peak, transiently; the executor's memory profile runs
+this path (top-p on flat logits), so the KV cache is sized after it.
 """
 
 from __future__ import annotations
@@ -71,8 +74,8 @@ def nucleus_floor(weights: torch.Tensor, segment: int, top_p: torch.Tensor) -> t
     for round_ in range(ROUNDS):
         stride = RADIX ** (ROUNDS - 1 - round_)
         thresholds = (below.unsqueeze(1) + steps * stride).view(torch.float32)
-        counts = torch.searchsorted(values, thresholds.unsqueeze(1).expand(n, num_segments, RADIX - 1).contiguous(),
-                                    right=True)
+        per_segment = thresholds.unsqueeze(1).expand(n, num_segments, RADIX - 1).contiguous()
+        counts = torch.searchsorted(values, per_segment, right=True)
         mass = mass_below.gather(2, counts).sum(1)
         below.add_((mass <= limit).sum(1, dtype=torch.int32), alpha=stride)
     return (below + 1).view(torch.float32)
