@@ -22,6 +22,9 @@
 #include <stdlib.h>
 
 #define ROWS 4
+#ifndef PREFETCH
+#define PREFETCH 4096
+#endif
 
 static inline __m256 load8(const uint16_t *p, int is_bf16) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -52,22 +55,35 @@ static inline void block(const float *x, const uint16_t *w, float *y, int64_t m,
     const float *xa = x + m * K, *xb = two_rows ? xa + K : xa;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 v0 = load8(w0 + k, is_bf16), v1 = load8(w1 + k, is_bf16);
-        __m256 v2 = load8(w2 + k, is_bf16), v3 = load8(w3 + k, is_bf16);
-        __m256 xv = _mm256_loadu_ps(xa + k);
-        a0 = _mm256_fmadd_ps(v0, xv, a0);
-        a1 = _mm256_fmadd_ps(v1, xv, a1);
-        a2 = _mm256_fmadd_ps(v2, xv, a2);
-        a3 = _mm256_fmadd_ps(v3, xv, a3);
-        if (two_rows) {
-            __m256 xw = _mm256_loadu_ps(xb + k);
-            b0 = _mm256_fmadd_ps(v0, xw, b0);
-            b1 = _mm256_fmadd_ps(v1, xw, b1);
-            b2 = _mm256_fmadd_ps(v2, xw, b2);
-            b3 = _mm256_fmadd_ps(v3, xw, b3);
-        }
+#define BLOCK_STEP(k)                                                                                          \
+    do {                                                                                                       \
+        __m256 v0 = load8(w0 + (k), is_bf16), v1 = load8(w1 + (k), is_bf16);                                   \
+        __m256 v2 = load8(w2 + (k), is_bf16), v3 = load8(w3 + (k), is_bf16);                                   \
+        __m256 xv = _mm256_loadu_ps(xa + (k));                                                                 \
+        a0 = _mm256_fmadd_ps(v0, xv, a0);                                                                      \
+        a1 = _mm256_fmadd_ps(v1, xv, a1);                                                                      \
+        a2 = _mm256_fmadd_ps(v2, xv, a2);                                                                      \
+        a3 = _mm256_fmadd_ps(v3, xv, a3);                                                                      \
+        if (two_rows) {                                                                                        \
+            __m256 xw = _mm256_loadu_ps(xb + (k));                                                             \
+            b0 = _mm256_fmadd_ps(v0, xw, b0);                                                                  \
+            b1 = _mm256_fmadd_ps(v1, xw, b1);                                                                  \
+            b2 = _mm256_fmadd_ps(v2, xw, b2);                                                                  \
+            b3 = _mm256_fmadd_ps(v3, xw, b3);                                                                  \
+        }                                                                                                      \
+    } while (0)
+    for (; k + 32 <= K; k += 32) {          /* a cache line of each row per pass, the next PREFETCH bytes on */
+        _mm_prefetch((const char *)(w0 + k) + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w1 + k) + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w2 + k) + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(w3 + k) + PREFETCH, _MM_HINT_T0);
+        BLOCK_STEP(k);
+        BLOCK_STEP(k + 8);
+        BLOCK_STEP(k + 16);
+        BLOCK_STEP(k + 24);
     }
+    for (; k + 8 <= K; k += 8) BLOCK_STEP(k);
+#undef BLOCK_STEP
     float ya[ROWS] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
     float yb[ROWS] = {hsum(b0), hsum(b1), hsum(b2), hsum(b3)};
     const uint16_t *ws[ROWS] = {w0, w1, w2, w3};
@@ -94,14 +110,67 @@ static void single(const float *x, const uint16_t *w, float *y, int64_t M, int64
     }
 }
 
+/* Rows n0, n0 + 1 of w against MR (<= 6) activation rows from m0: each weight vector is widened once for
+ * all MR rows (12 FMAs per two widenings keep the FMA units busy), the activations come from L1. */
+static inline __attribute__((always_inline)) void pair(const float *x, const uint16_t *w, float *y, int64_t m0,
+                                                       int64_t n0, int64_t N, int64_t K, int is_bf16, const int MR) {
+    const uint16_t *w0 = w + n0 * K, *w1 = w0 + K;
+    const float *xr = x + m0 * K;
+    __m256 a[6], b[6];
+    for (int j = 0; j < MR; j++) a[j] = b[j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        if ((k & 31) == 0) {
+            _mm_prefetch((const char *)(w0 + k) + PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)(w1 + k) + PREFETCH, _MM_HINT_T0);
+        }
+        __m256 v0 = load8(w0 + k, is_bf16), v1 = load8(w1 + k, is_bf16);
+        for (int j = 0; j < MR; j++) {
+            __m256 xv = _mm256_loadu_ps(xr + j * K + k);
+            a[j] = _mm256_fmadd_ps(v0, xv, a[j]);
+            b[j] = _mm256_fmadd_ps(v1, xv, b[j]);
+        }
+    }
+    for (int j = 0; j < MR; j++) {
+        float ya = hsum(a[j]), yb = hsum(b[j]);
+        for (int64_t t = k; t < K; t++) {
+            ya += widen1(w0[t], is_bf16) * xr[j * K + t];
+            yb += widen1(w1[t], is_bf16) * xr[j * K + t];
+        }
+        y[(m0 + j) * N + n0] = ya;
+        y[(m0 + j) * N + n0 + 1] = yb;
+    }
+}
+
+static void pair_rows(const float *x, const uint16_t *w, float *y, int64_t M, int64_t n0, int64_t N, int64_t K,
+                      int is_bf16) {
+    int64_t m0 = 0;
+    for (; m0 + 6 <= M; m0 += 6) pair(x, w, y, m0, n0, N, K, is_bf16, 6);
+    switch (M - m0) {
+    case 5: pair(x, w, y, m0, n0, N, K, is_bf16, 5); break;
+    case 4: pair(x, w, y, m0, n0, N, K, is_bf16, 4); break;
+    case 3: pair(x, w, y, m0, n0, N, K, is_bf16, 3); break;
+    case 2: pair(x, w, y, m0, n0, N, K, is_bf16, 2); break;
+    case 1: pair(x, w, y, m0, n0, N, K, is_bf16, 1); break;
+    default: break;
+    }
+}
+
 void gemm16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int is_bf16,
             int num_threads) {
-    int64_t blocks = N / ROWS;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t b = 0; b < blocks; b++) {
-        for (int64_t m = 0; m < M; m += 2) block(x, w, y, m, m + 1 < M, b * ROWS, N, K, is_bf16);
+    /* dynamic: a thread the OS preempts (the frontend and scheduler share these cores) delays the step by
+     * one chunk, not by its whole static share */
+    if (M <= 2) {             /* bound by reading the weights: four rows of w stream at once */
+        int64_t blocks = N / ROWS;
+#pragma omp parallel for schedule(dynamic, 8) num_threads(num_threads)
+        for (int64_t b = 0; b < blocks; b++) block(x, w, y, 0, M == 2, b * ROWS, N, K, is_bf16);
+        for (int64_t n = blocks * ROWS; n < N; n++) single(x, w, y, M, n, N, K, is_bf16);
+        return;
     }
-    for (int64_t n = blocks * ROWS; n < N; n++) single(x, w, y, M, n, N, K, is_bf16);
+    int64_t pairs = N / 2;
+#pragma omp parallel for schedule(dynamic, 16) num_threads(num_threads)
+    for (int64_t b = 0; b < pairs; b++) pair_rows(x, w, y, M, b * 2, N, K, is_bf16);
+    if (N % 2) single(x, w, y, M, N - 1, N, K, is_bf16);
 }
 
 
