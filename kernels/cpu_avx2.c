@@ -1,18 +1,19 @@
-/* CPU kernels for 16-bit models on AVX2 (+FMA, F16C): the two operations that dominate a decode step.
+/* CPU kernels for 16-bit models on AVX2 (+FMA, F16C): what a decode step spends its time in.
  *
  * gemm16: y[M, N] = x[M, K] @ w[N, K]^T for 16-bit weights (bf16 or fp16) and float32 activations.
  * torch's own bf16/fp16 matmul on CPUs without AVX-512 BF16 or AMX is compute-bound on the conversion
- * (~8 GB/s of weights, slower than its fp32 path); decoding at small batch is bound by reading the
- * weights, so this kernel streams each weight row once, widens it to float32 in registers (a shift for
- * bf16, F16C for fp16) and multiplies it into up to two activation rows at a time. Accumulation is in
- * float32, like a GPU's or oneDNN's half-precision GEMM. Blocks of four weight rows stay in L1 while the
- * activation rows pass over them, so the weights come from memory once per call whatever M is.
+ * (~8 GB/s of weights, slower than its fp32 path). Each weight vector is widened to float32 in registers
+ * (a shift for bf16, F16C for fp16) and accumulated in float32, like a GPU's or oneDNN's half-precision
+ * GEMM. At one or two rows (decode at small batch, bound by reading the weights) every weight row streams
+ * front to back once, prefetched ahead; from three rows on (bound by arithmetic) two weight rows are widened
+ * once per six activation rows, so the FMA units rather than the conversions set the pace.
  *
  * paged_decode_attention16: one query token per request against its keys and values in the paged 16-bit
  * KV cache, read in place through the block table (torch's reference gathers K and V into new tensors and
- * runs SDPA with a mask: ~4 ms per layer at 16 requests of 300 tokens here, ~10x this kernel's time).
- * Each (request, KV head) task scores its group of query heads against every key, takes a float32 softmax
- * and accumulates the values; grouped-query heads share one pass over K and V.
+ * runs SDPA with a mask). Each (request, KV head) task scores its group of query heads against eight keys
+ * at a time, takes a float32 softmax and accumulates the values two query heads at a time.
+ *
+ * decode_forward16: every layer of a Llama-family decoder for a pure-decode step, in one call.
  *
  * Threads: OpenMP, in the same runtime as torch's (libgomp, resolved by soname).
  */
@@ -21,9 +22,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define ROWS 4
 #ifndef PREFETCH
-#define PREFETCH 4096
+#define PREFETCH 1024
 #endif
 
 static inline __m256 load8(const uint16_t *p, int is_bf16) {
@@ -48,59 +48,7 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Rows n0..n0+ROWS-1 of w against activation rows m and m+1 (two_rows) of x. */
-static inline void block(const float *x, const uint16_t *w, float *y, int64_t m, int two_rows, int64_t n0,
-                         int64_t N, int64_t K, int is_bf16) {
-    const uint16_t *w0 = w + n0 * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-    const float *xa = x + m * K, *xb = two_rows ? xa + K : xa;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    int64_t k = 0;
-#define BLOCK_STEP(k)                                                                                          \
-    do {                                                                                                       \
-        __m256 v0 = load8(w0 + (k), is_bf16), v1 = load8(w1 + (k), is_bf16);                                   \
-        __m256 v2 = load8(w2 + (k), is_bf16), v3 = load8(w3 + (k), is_bf16);                                   \
-        __m256 xv = _mm256_loadu_ps(xa + (k));                                                                 \
-        a0 = _mm256_fmadd_ps(v0, xv, a0);                                                                      \
-        a1 = _mm256_fmadd_ps(v1, xv, a1);                                                                      \
-        a2 = _mm256_fmadd_ps(v2, xv, a2);                                                                      \
-        a3 = _mm256_fmadd_ps(v3, xv, a3);                                                                      \
-        if (two_rows) {                                                                                        \
-            __m256 xw = _mm256_loadu_ps(xb + (k));                                                             \
-            b0 = _mm256_fmadd_ps(v0, xw, b0);                                                                  \
-            b1 = _mm256_fmadd_ps(v1, xw, b1);                                                                  \
-            b2 = _mm256_fmadd_ps(v2, xw, b2);                                                                  \
-            b3 = _mm256_fmadd_ps(v3, xw, b3);                                                                  \
-        }                                                                                                      \
-    } while (0)
-    for (; k + 32 <= K; k += 32) {          /* a cache line of each row per pass, the next PREFETCH bytes on */
-        _mm_prefetch((const char *)(w0 + k) + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w1 + k) + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w2 + k) + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w3 + k) + PREFETCH, _MM_HINT_T0);
-        BLOCK_STEP(k);
-        BLOCK_STEP(k + 8);
-        BLOCK_STEP(k + 16);
-        BLOCK_STEP(k + 24);
-    }
-    for (; k + 8 <= K; k += 8) BLOCK_STEP(k);
-#undef BLOCK_STEP
-    float ya[ROWS] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-    float yb[ROWS] = {hsum(b0), hsum(b1), hsum(b2), hsum(b3)};
-    const uint16_t *ws[ROWS] = {w0, w1, w2, w3};
-    for (; k < K; k++) {
-        for (int r = 0; r < ROWS; r++) {
-            float wv = widen1(ws[r][k], is_bf16);
-            ya[r] += wv * xa[k];
-            yb[r] += wv * xb[k];
-        }
-    }
-    for (int r = 0; r < ROWS; r++) {
-        y[m * N + n0 + r] = ya[r];
-        if (two_rows) y[(m + 1) * N + n0 + r] = yb[r];
-    }
-}
-
-/* Leftover output rows (N not a multiple of ROWS), one at a time. */
+/* A leftover output row (N odd), against every activation row. */
 static void single(const float *x, const uint16_t *w, float *y, int64_t M, int64_t n, int64_t N, int64_t K,
                    int is_bf16) {
     for (int64_t m = 0; m < M; m++) {
@@ -156,15 +104,60 @@ static void pair_rows(const float *x, const uint16_t *w, float *y, int64_t M, in
     }
 }
 
+/* MR (1 or 2) activation rows against weight rows [n_begin, n_end), each weight row read front to back as
+ * one stream (what the hardware prefetcher follows best: ~25% more bandwidth than four interleaved rows). */
+static inline __attribute__((always_inline)) void gemv_rows(const float *x, const uint16_t *w, float *y,
+                                                            int64_t n_begin, int64_t n_end, int64_t N, int64_t K,
+                                                            int is_bf16, const int MR) {
+    const float *x1 = MR == 2 ? x + K : x;
+    for (int64_t n = n_begin; n < n_end; n++) {
+        const uint16_t *wr = w + n * K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int64_t k = 0;
+        for (; k + 32 <= K; k += 32) {
+            _mm_prefetch((const char *)(wr + k) + PREFETCH, _MM_HINT_T0);
+            __m256 v0 = load8(wr + k, is_bf16), v1 = load8(wr + k + 8, is_bf16);
+            __m256 v2 = load8(wr + k + 16, is_bf16), v3 = load8(wr + k + 24, is_bf16);
+            a0 = _mm256_fmadd_ps(v0, _mm256_loadu_ps(x + k), a0);
+            a1 = _mm256_fmadd_ps(v1, _mm256_loadu_ps(x + k + 8), a1);
+            a2 = _mm256_fmadd_ps(v2, _mm256_loadu_ps(x + k + 16), a2);
+            a3 = _mm256_fmadd_ps(v3, _mm256_loadu_ps(x + k + 24), a3);
+            if (MR == 2) {
+                b0 = _mm256_fmadd_ps(v0, _mm256_loadu_ps(x1 + k), b0);
+                b1 = _mm256_fmadd_ps(v1, _mm256_loadu_ps(x1 + k + 8), b1);
+                b2 = _mm256_fmadd_ps(v2, _mm256_loadu_ps(x1 + k + 16), b2);
+                b3 = _mm256_fmadd_ps(v3, _mm256_loadu_ps(x1 + k + 24), b3);
+            }
+        }
+        for (; k + 8 <= K; k += 8) {
+            __m256 v = load8(wr + k, is_bf16);
+            a0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + k), a0);
+            if (MR == 2) b0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x1 + k), b0);
+        }
+        float ya = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        float yb = hsum(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+        for (; k < K; k++) {
+            ya += widen1(wr[k], is_bf16) * x[k];
+            yb += widen1(wr[k], is_bf16) * x1[k];
+        }
+        y[n] = ya;
+        if (MR == 2) y[N + n] = yb;
+    }
+}
+
 void gemm16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int is_bf16,
             int num_threads) {
-    /* dynamic: a thread the OS preempts (the frontend and scheduler share these cores) delays the step by
-     * one chunk, not by its whole static share */
-    if (M <= 2) {             /* bound by reading the weights: four rows of w stream at once */
-        int64_t blocks = N / ROWS;
-#pragma omp parallel for schedule(dynamic, 8) num_threads(num_threads)
-        for (int64_t b = 0; b < blocks; b++) block(x, w, y, 0, M == 2, b * ROWS, N, K, is_bf16);
-        for (int64_t n = blocks * ROWS; n < N; n++) single(x, w, y, M, n, N, K, is_bf16);
+    /* Dynamic chunks: a thread the OS preempts (the frontend and scheduler share these cores) delays the
+     * call by one chunk, not by its whole static share. */
+    if (M <= 2) {             /* bound by reading the weights */
+        const int64_t rows = N / (8 * num_threads) > 16 ? N / (8 * num_threads) : 16;
+        const int64_t chunks = (N + rows - 1) / rows;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t lo = c * rows, hi = lo + rows < N ? lo + rows : N;
+            if (M == 2) gemv_rows(x, w, y, lo, hi, N, K, is_bf16, 2);
+            else gemv_rows(x, w, y, lo, hi, N, K, is_bf16, 1);
+        }
         return;
     }
     int64_t pairs = N / 2;
