@@ -216,14 +216,16 @@ static inline uint16_t narrow1(float v, int is_bf16) {
 /* Values: out[g][d0 .. d0 + 8 NV) += sum_t p[g][t] v_t[d0 ..] for two query heads (g, g + 1) of a group,
  * NV vectors of the head at a time in registers; the probabilities of a padding head are zeros. */
 static inline __attribute__((always_inline)) void value_pass(
-    const uint16_t *value_cache, const int32_t *table, int64_t S, int64_t block_size, int64_t row_stride,
-    int64_t d0, const float *p0, const float *p1, float *o0, float *o1, int is_bf16, const int NV) {
+    const uint16_t *value_cache, const int32_t *table, int64_t first, int64_t S, int64_t block_size,
+    int64_t row_stride, int64_t d0, const float *p0, const float *p1, float *o0, float *o1, int is_bf16,
+    const int NV) {
     __m256 a[4], b[4];
     for (int c = 0; c < NV; c++) a[c] = b[c] = _mm256_setzero_ps();
-    for (int64_t t = 0; t < S; t++) {
+    for (int64_t i = 0; i < S; i++) {
+        const int64_t t = first + i;
         const uint16_t *v = value_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row_stride
                             + d0;
-        __m256 pa = _mm256_set1_ps(p0[t]), pb = _mm256_set1_ps(p1[t]);
+        __m256 pa = _mm256_set1_ps(p0[i]), pb = _mm256_set1_ps(p1[i]);
         for (int c = 0; c < NV; c++) {
             __m256 vv = load8(v + 8 * c, is_bf16);
             a[c] = _mm256_fmadd_ps(pa, vv, a[c]);
@@ -236,19 +238,21 @@ static inline __attribute__((always_inline)) void value_pass(
     }
 }
 
-/* One (request, KV head) task: the group's query heads q [group, D] (float32) against S cached keys and
- * values. scores is scratch of (group rounded up to even) * S floats; out [group, D]. */
+/* One (request, KV head) task over keys [first, first + S): the group's query heads q [group, D] (float32)
+ * against them. Writes each head's unnormalised output (sum of exp(s - max) v) to out [group, D] and its
+ * max and sum of exp(s - max) to maxs, sums. scores is scratch of (group rounded up to even) * S floats. */
 static void attend_one(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
-                       const int32_t *table, int64_t S, int64_t group, int64_t Hk, int64_t D, int64_t block_size,
-                       float scale, int is_bf16, float *scores, float *out) {
+                       const int32_t *table, int64_t first, int64_t S, int64_t group, int64_t Hk, int64_t D,
+                       int64_t block_size, float scale, int is_bf16, float *scores, float *out, float *maxs,
+                       float *sums) {
     const int64_t row_stride = Hk * D, padded = (group + 1) & ~(int64_t)1;
     float keys[KEYS][MAX_HEAD_DIM];
     /* scores: eight keys widened into L1 at a time, then each query head's eight dots reduced together */
-    for (int64_t t0 = 0; t0 < S; t0 += KEYS) {
-        const int64_t n = S - t0 < KEYS ? S - t0 : KEYS;
+    for (int64_t i0 = 0; i0 < S; i0 += KEYS) {
+        const int64_t n = S - i0 < KEYS ? S - i0 : KEYS;
         for (int64_t j = 0; j < KEYS; j++) {
             if (j < n) {
-                const int64_t t = t0 + j;
+                const int64_t t = first + i0 + j;
                 const uint16_t *k = key_cache + ((int64_t)table[t / block_size] * block_size + t % block_size)
                                     * row_stride;
                 for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, load8(k + d, is_bf16));
@@ -267,36 +271,35 @@ static void attend_one(const float *q, const uint16_t *key_cache, const uint16_t
             __m256 s = _mm256_mul_ps(hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]), _mm256_set1_ps(scale));
             float lanes[KEYS];
             _mm256_storeu_ps(lanes, s);
-            for (int64_t j = 0; j < n; j++) scores[g * S + t0 + j] = lanes[j];
+            for (int64_t j = 0; j < n; j++) scores[g * S + i0 + j] = lanes[j];
         }
     }
-    /* softmax per head, unnormalised: exp(s - max); the sum divides at the end */
-    float inv_sum[MAX_GROUP + 1];
+    /* exp(s - max) per head, and its sum */
     for (int64_t g = 0; g < padded; g++) {
         float *sg = scores + g * S;
         if (g >= group) {
-            for (int64_t t = 0; t < S; t++) sg[t] = 0.0f;
-            inv_sum[g] = 0.0f;
+            for (int64_t i = 0; i < S; i++) sg[i] = 0.0f;
             continue;
         }
         float mx = -INFINITY;
-        for (int64_t t = 0; t < S; t++) mx = sg[t] > mx ? sg[t] : mx;
+        for (int64_t i = 0; i < S; i++) mx = sg[i] > mx ? sg[i] : mx;
         __m256 vmax = _mm256_set1_ps(mx), total = _mm256_setzero_ps();
-        int64_t t = 0;
-        for (; t + 8 <= S; t += 8) {
-            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), vmax));
-            _mm256_storeu_ps(sg + t, e);
+        int64_t i = 0;
+        for (; i + 8 <= S; i += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vmax));
+            _mm256_storeu_ps(sg + i, e);
             total = _mm256_add_ps(total, e);
         }
         float sum = hsum(total);
-        for (; t < S; t++) {
-            float lane[8] = {sg[t] - mx};
+        for (; i < S; i++) {
+            float lane[8] = {sg[i] - mx};
             float e[8];
             _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(lane)));
-            sg[t] = e[0];
+            sg[i] = e[0];
             sum += e[0];
         }
-        inv_sum[g] = sum > 0.0f ? 1.0f / sum : 0.0f;
+        maxs[g] = mx;
+        sums[g] = sum;
     }
     /* values, two query heads at a time, 32 dims of each in registers */
     float pad[MAX_HEAD_DIM];
@@ -305,37 +308,79 @@ static void attend_one(const float *q, const uint16_t *key_cache, const uint16_t
         const float *p0 = scores + g * S, *p1 = scores + (g + 1) * S;
         int64_t d0 = 0;
         for (; d0 + 32 <= D; d0 += 32)
-            value_pass(value_cache, table, S, block_size, row_stride, d0, p0, p1, o0, o1, is_bf16, 4);
+            value_pass(value_cache, table, first, S, block_size, row_stride, d0, p0, p1, o0, o1, is_bf16, 4);
         for (; d0 < D; d0 += 8)
-            value_pass(value_cache, table, S, block_size, row_stride, d0, p0, p1, o0, o1, is_bf16, 1);
-        for (int64_t d = 0; d < D; d++) {
-            o0[d] *= inv_sum[g];
-            if (g + 1 < group) o1[d] *= inv_sum[g + 1];
-        }
+            value_pass(value_cache, table, first, S, block_size, row_stride, d0, p0, p1, o0, o1, is_bf16, 1);
     }
 }
 
 /* q [R, Hq, D] float32; caches [num_blocks, block_size, Hk, D] 16-bit; block_tables [R, max_blocks] int32;
- * out [R, Hq, D] float32. Needs Hq % Hk == 0, Hq / Hk <= MAX_GROUP, D % 8 == 0, D <= MAX_HEAD_DIM. */
+ * out [R, Hq, D] float32. Needs Hq % Hk == 0, Hq / Hk <= MAX_GROUP, D % 8 == 0, D <= MAX_HEAD_DIM.
+ * With fewer (request, KV head) tasks than a few per thread (small batches), each request's keys are split
+ * into ranges of at least MIN_SPLIT_KEYS, attended separately and merged (flash-decoding's split-K), so
+ * every thread has work. */
+#define MIN_SPLIT_KEYS 64
 void paged_decode_attention16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
                               const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks,
                               float *out, int64_t R, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
                               float scale, int is_bf16, int num_threads) {
-    const int64_t group = Hq / Hk;
+    const int64_t group = Hq / Hk, tasks = R * Hk;
     int64_t longest = 1;
     for (int64_t r = 0; r < R; r++) longest = seq_lens[r] > longest ? seq_lens[r] : longest;
+    int64_t splits = 1;
+    if (tasks < 4 * (int64_t)num_threads) {
+        splits = (4 * num_threads + tasks - 1) / tasks;
+        const int64_t most = (longest + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
+        splits = splits < most ? splits : most;
+        splits = splits < 64 ? splits : 64;                     /* the merge keeps 64 weights */
+    }
+    const int64_t span = (longest + splits - 1) / splits;       /* keys per range at most */
+    float *part = malloc(sizeof(float) * (size_t)(tasks * splits * group) * (size_t)(D + 2));
+    float *part_max = part + tasks * splits * group * D, *part_sum = part_max + tasks * splits * group;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)longest * (size_t)((group + 1) & ~(int64_t)1));
+        float *scores = malloc(sizeof(float) * (size_t)span * (size_t)((group + 1) & ~(int64_t)1));
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < R * Hk; task++) {
-            const int64_t r = task / Hk, h = task % Hk;
-            attend_one(q + (r * Hq + h * group) * D, key_cache + h * D, value_cache + h * D,
-                       block_tables + r * max_blocks, seq_lens[r], group, Hk, D, block_size, scale, is_bf16, scores,
-                       out + (r * Hq + h * group) * D);
+        for (int64_t job = 0; job < tasks * splits; job++) {
+            const int64_t task = job / splits, split = job % splits, r = task / Hk, h = task % Hk;
+            const int64_t S = seq_lens[r], per = (S + splits - 1) / splits;
+            const int64_t lo = split * per < S ? split * per : S, hi = lo + per < S ? lo + per : S;
+            float *acc = part + job * group * D, *mx = part_max + job * group, *sm = part_sum + job * group;
+            if (hi > lo) {
+                attend_one(q + (r * Hq + h * group) * D, key_cache + h * D, value_cache + h * D,
+                           block_tables + r * max_blocks, lo, hi - lo, group, Hk, D, block_size, scale, is_bf16,
+                           scores, acc, mx, sm);
+            } else {
+                for (int64_t g = 0; g < group; g++) mx[g] = -INFINITY, sm[g] = 0.0f;
+            }
         }
         free(scores);
+        /* merge each head's ranges: rescale each by exp(its max - the overall max) */
+#pragma omp for schedule(static)
+        for (int64_t head = 0; head < tasks * group; head++) {
+            const int64_t task = head / group, g = head % group;
+            float top = -INFINITY, total = 0.0f;
+            for (int64_t s = 0; s < splits; s++) {
+                const float m = part_max[(task * splits + s) * group + g];
+                top = m > top ? m : top;
+            }
+            float weights[64];
+            for (int64_t s = 0; s < splits; s++) {
+                const int64_t at = (task * splits + s) * group + g;
+                weights[s] = part_sum[at] > 0.0f ? expf(part_max[at] - top) : 0.0f;
+                total += weights[s] * part_sum[at];
+            }
+            const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+            float *o = out + ((task / Hk) * Hq + (task % Hk) * group + g) * D;
+            for (int64_t d = 0; d < D; d++) {
+                float v = 0.0f;
+                for (int64_t s = 0; s < splits; s++)
+                    if (weights[s] > 0.0f) v += weights[s] * part[((task * splits + s) * group + g) * D + d];
+                o[d] = v * inv;
+            }
+        }
     }
+    free(part);
 }
 
 /* ---------------------------------------------------------------- a whole decode step's layers */
