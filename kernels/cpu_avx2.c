@@ -213,48 +213,57 @@ static inline uint16_t narrow1(float v, int is_bf16) {
 #define MAX_HEAD_DIM 256
 #define KEYS 8
 
-/* Values: out[g][d0 .. d0 + 8 NV) += sum_t p[g][t] v_t[d0 ..] for two query heads (g, g + 1) of a group,
- * NV vectors of the head at a time in registers; the probabilities of a padding head are zeros. */
+/* Values: o[g][d0 .. d0 + 8 NV) = sum_i p[g][i] v_(first + i)[d0 ..] for GN query heads of a group at
+ * once (each value vector widened once for all of them), GN x NV accumulators in registers. */
 static inline __attribute__((always_inline)) void value_pass(
     const uint16_t *value_cache, const int32_t *table, int64_t first, int64_t S, int64_t block_size,
-    int64_t row_stride, int64_t d0, const float *p0, const float *p1, float *o0, float *o1, int is_bf16,
+    int64_t row_stride, int64_t d0, const float *const *p, float *const *o, int is_bf16, const int GN,
     const int NV) {
-    __m256 a[4], b[4];
-    for (int c = 0; c < NV; c++) a[c] = b[c] = _mm256_setzero_ps();
+    __m256 a[4][4];
+    for (int g = 0; g < GN; g++)
+        for (int c = 0; c < NV; c++) a[g][c] = _mm256_setzero_ps();
+    int64_t blk = first / block_size, off = first % block_size;     /* walks the block table, no divisions */
     for (int64_t i = 0; i < S; i++) {
-        const int64_t t = first + i;
-        const uint16_t *v = value_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row_stride
-                            + d0;
-        __m256 pa = _mm256_set1_ps(p0[i]), pb = _mm256_set1_ps(p1[i]);
+        const uint16_t *v = value_cache + ((int64_t)table[blk] * block_size + off) * row_stride + d0;
+        if (++off == block_size) off = 0, blk++;
         for (int c = 0; c < NV; c++) {
             __m256 vv = load8(v + 8 * c, is_bf16);
-            a[c] = _mm256_fmadd_ps(pa, vv, a[c]);
-            b[c] = _mm256_fmadd_ps(pb, vv, b[c]);
+            for (int g = 0; g < GN; g++) a[g][c] = _mm256_fmadd_ps(_mm256_broadcast_ss(p[g] + i), vv, a[g][c]);
         }
     }
-    for (int c = 0; c < NV; c++) {
-        _mm256_storeu_ps(o0 + d0 + 8 * c, a[c]);
-        _mm256_storeu_ps(o1 + d0 + 8 * c, b[c]);
-    }
+    for (int g = 0; g < GN; g++)
+        for (int c = 0; c < NV; c++) _mm256_storeu_ps(o[g] + d0 + 8 * c, a[g][c]);
+}
+
+/* value_pass over all of D for heads g0 .. g0 + GN - 1 (GN <= 4): 32 dims a pass, 16 for four heads. */
+static inline __attribute__((always_inline)) void value_heads(
+    const uint16_t *value_cache, const int32_t *table, int64_t first, int64_t S, int64_t block_size,
+    int64_t row_stride, int64_t D, const float *const *p, float *const *o, int is_bf16, const int GN) {
+    const int NV = GN == 4 ? 2 : 4;
+    int64_t d0 = 0;
+    for (; d0 + 8 * NV <= D; d0 += 8 * NV)
+        value_pass(value_cache, table, first, S, block_size, row_stride, d0, p, o, is_bf16, GN, NV);
+    for (; d0 < D; d0 += 8)
+        value_pass(value_cache, table, first, S, block_size, row_stride, d0, p, o, is_bf16, GN, 1);
 }
 
 /* One (request, KV head) task over keys [first, first + S): the group's query heads q [group, D] (float32)
  * against them. Writes each head's unnormalised output (sum of exp(s - max) v) to out [group, D] and its
- * max and sum of exp(s - max) to maxs, sums. scores is scratch of (group rounded up to even) * S floats. */
+ * max and sum of exp(s - max) to maxs, sums. scores is scratch of group * S floats. */
 static void attend_one(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
                        const int32_t *table, int64_t first, int64_t S, int64_t group, int64_t Hk, int64_t D,
                        int64_t block_size, float scale, int is_bf16, float *scores, float *out, float *maxs,
                        float *sums) {
-    const int64_t row_stride = Hk * D, padded = (group + 1) & ~(int64_t)1;
+    const int64_t row_stride = Hk * D;
     float keys[KEYS][MAX_HEAD_DIM];
     /* scores: eight keys widened into L1 at a time, then each query head's eight dots reduced together */
+    int64_t blk = first / block_size, off = first % block_size;
     for (int64_t i0 = 0; i0 < S; i0 += KEYS) {
         const int64_t n = S - i0 < KEYS ? S - i0 : KEYS;
         for (int64_t j = 0; j < KEYS; j++) {
             if (j < n) {
-                const int64_t t = first + i0 + j;
-                const uint16_t *k = key_cache + ((int64_t)table[t / block_size] * block_size + t % block_size)
-                                    * row_stride;
+                const uint16_t *k = key_cache + ((int64_t)table[blk] * block_size + off) * row_stride;
+                if (++off == block_size) off = 0, blk++;
                 for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, load8(k + d, is_bf16));
             } else {
                 for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, _mm256_setzero_ps());
@@ -275,12 +284,8 @@ static void attend_one(const float *q, const uint16_t *key_cache, const uint16_t
         }
     }
     /* exp(s - max) per head, and its sum */
-    for (int64_t g = 0; g < padded; g++) {
+    for (int64_t g = 0; g < group; g++) {
         float *sg = scores + g * S;
-        if (g >= group) {
-            for (int64_t i = 0; i < S; i++) sg[i] = 0.0f;
-            continue;
-        }
         float mx = -INFINITY;
         for (int64_t i = 0; i < S; i++) mx = sg[i] > mx ? sg[i] : mx;
         __m256 vmax = _mm256_set1_ps(mx), total = _mm256_setzero_ps();
@@ -301,16 +306,19 @@ static void attend_one(const float *q, const uint16_t *key_cache, const uint16_t
         maxs[g] = mx;
         sums[g] = sum;
     }
-    /* values, two query heads at a time, 32 dims of each in registers */
-    float pad[MAX_HEAD_DIM];
-    for (int64_t g = 0; g < padded; g += 2) {
-        float *o0 = out + g * D, *o1 = g + 1 < group ? out + (g + 1) * D : pad;
-        const float *p0 = scores + g * S, *p1 = scores + (g + 1) * S;
-        int64_t d0 = 0;
-        for (; d0 + 32 <= D; d0 += 32)
-            value_pass(value_cache, table, first, S, block_size, row_stride, d0, p0, p1, o0, o1, is_bf16, 4);
-        for (; d0 < D; d0 += 8)
-            value_pass(value_cache, table, first, S, block_size, row_stride, d0, p0, p1, o0, o1, is_bf16, 1);
+    /* values, up to four query heads at a time */
+    for (int64_t g0 = 0; g0 < group;) {
+        const int64_t left = group - g0, gn = left == 5 ? 3 : (left < 4 ? left : 4);
+        const float *p[4];
+        float *o[4];
+        for (int64_t g = 0; g < gn; g++) p[g] = scores + (g0 + g) * S, o[g] = out + (g0 + g) * D;
+        switch (gn) {
+        case 4: value_heads(value_cache, table, first, S, block_size, row_stride, D, p, o, is_bf16, 4); break;
+        case 3: value_heads(value_cache, table, first, S, block_size, row_stride, D, p, o, is_bf16, 3); break;
+        case 2: value_heads(value_cache, table, first, S, block_size, row_stride, D, p, o, is_bf16, 2); break;
+        default: value_heads(value_cache, table, first, S, block_size, row_stride, D, p, o, is_bf16, 1); break;
+        }
+        g0 += gn;
     }
 }
 
@@ -339,7 +347,7 @@ void paged_decode_attention16(const float *q, const uint16_t *key_cache, const u
     float *part_max = part + tasks * splits * group * D, *part_sum = part_max + tasks * splits * group;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)span * (size_t)((group + 1) & ~(int64_t)1));
+        float *scores = malloc(sizeof(float) * (size_t)span * (size_t)group);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t job = 0; job < tasks * splits; job++) {
             const int64_t task = job / splits, split = job % splits, r = task / Hk, h = task % Hk;

@@ -38,7 +38,7 @@ def test_gemm16_rejects_float32_weights():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128),
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128), (10, 2, 40),
                                                                      (6, 2, 72)])
 def test_paged_decode_attention16_matches_the_torch_reference(dtype, num_heads, num_kv_heads, head_dim):
     generator = torch.Generator().manual_seed(num_heads * 100 + head_dim)
