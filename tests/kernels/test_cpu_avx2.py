@@ -67,3 +67,29 @@ def test_supports_attention_names_the_layouts_it_cannot_take():
     assert not cpu_avx2.supports_attention(cache16.float(), 6)              # fp32 cache: torch path
     assert not cpu_avx2.supports_attention(cache16, 5)                      # heads not a multiple
     assert not cpu_avx2.supports_attention(torch.zeros(2, 4, 2, 60, dtype=torch.bfloat16), 4)
+
+
+@pytest.mark.parametrize("seq_lens", [[333], [3, 400], [0, 130]])
+def test_paged_decode_attention16_splits_the_keys_of_small_batches(seq_lens):
+    """Few (request, KV head) tasks: each request's keys are attended in ranges and merged (split-K), with
+    ranges left empty where a request is shorter than the split; the result is the reference's."""
+    generator = torch.Generator().manual_seed(sum(seq_lens))
+    block_size, num_heads, num_kv_heads, head_dim = 16, 4, 1, 64
+    seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
+    blocks_per_seq = max(1, -(-int(seq_lens.max()) // block_size))
+    num_blocks = 1 + len(seq_lens) * blocks_per_seq
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).bfloat16()
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).bfloat16()
+    block_tables = (1 + torch.randperm(num_blocks - 1, generator=generator)).view(len(seq_lens), -1).int()
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)             # four jobs a thread wanted: every case here splits
+    try:
+        got = cpu_avx2.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, 0.125)
+    finally:
+        torch.set_num_threads(previous)
+    expected = paged_decode_attention_torch(query, key_cache.float(), value_cache.float(), seq_lens, block_tables,
+                                            0.125)
+    nonempty = seq_lens > 0
+    torch.testing.assert_close(got[nonempty], expected[nonempty], atol=1e-5, rtol=1e-4)
+    assert torch.equal(got[~nonempty], torch.zeros_like(got[~nonempty]))      # no keys: zeros, not NaN
