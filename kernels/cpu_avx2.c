@@ -213,7 +213,7 @@ static inline uint16_t narrow1(float v, int is_bf16) {
 #define MAX_HEAD_DIM 256
 #define KEYS 8
 
-/* Values: o[g][d0 .. d0 + 8 NV) = sum_i p[g][i] v_(first + i)[d0 ..] for GN query heads of a group at
+/* Values: o[g][d0 .. d0 + 8 NV) += sum_i p[g][i] v_(first + i)[d0 ..] for GN query heads of a group at
  * once (each value vector widened once for all of them), GN x NV accumulators in registers. */
 static inline __attribute__((always_inline)) void value_pass(
     const uint16_t *value_cache, const int32_t *table, int64_t first, int64_t S, int64_t block_size,
@@ -221,7 +221,7 @@ static inline __attribute__((always_inline)) void value_pass(
     const int NV) {
     __m256 a[4][4];
     for (int g = 0; g < GN; g++)
-        for (int c = 0; c < NV; c++) a[g][c] = _mm256_setzero_ps();
+        for (int c = 0; c < NV; c++) a[g][c] = _mm256_loadu_ps(o[g] + d0 + 8 * c);
     int64_t blk = first / block_size, off = first % block_size;     /* walks the block table, no divisions */
     for (int64_t i = 0; i < S; i++) {
         const uint16_t *v = value_cache + ((int64_t)table[blk] * block_size + off) * row_stride + d0;
@@ -247,44 +247,52 @@ static inline __attribute__((always_inline)) void value_heads(
         value_pass(value_cache, table, first, S, block_size, row_stride, d0, p, o, is_bf16, GN, 1);
 }
 
-/* One (request, KV head) task over keys [first, first + S): the group's query heads q [group, D] (float32)
- * against them. Writes each head's unnormalised output (sum of exp(s - max) v) to out [group, D] and its
- * max and sum of exp(s - max) to maxs, sums. scores is scratch of group * S floats. */
-static void attend_one(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
-                       const int32_t *table, int64_t first, int64_t S, int64_t group, int64_t Hk, int64_t D,
-                       int64_t block_size, float scale, int is_bf16, float *scores, float *out, float *maxs,
-                       float *sums) {
-    const int64_t row_stride = Hk * D;
+#define VALUE_CHUNK 128      /* keys whose value rows (every KV head) stay in L2 while each head passes */
+
+/* One request's query heads q [Hq, D] (float32) against its keys [first, first + S), every KV head in one
+ * task so that each cache row (all KV heads of a token, contiguous) is read from memory once. Writes each
+ * query head's unnormalised output (sum of exp(s - max) v) to out [Hq, D] and its max and sum of
+ * exp(s - max) to maxs, sums [Hq]. scores is scratch of Hq * S floats. */
+static void attend_range(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
+                         const int32_t *table, int64_t first, int64_t S, int64_t Hq, int64_t Hk, int64_t D,
+                         int64_t block_size, float scale, int is_bf16, float *scores, float *out, float *maxs,
+                         float *sums) {
+    const int64_t row_stride = Hk * D, group = Hq / Hk;
     float keys[KEYS][MAX_HEAD_DIM];
-    /* scores: eight keys widened into L1 at a time, then each query head's eight dots reduced together */
-    int64_t blk = first / block_size, off = first % block_size;
+    /* scores: for eight keys at a time, each KV head's slice widened into L1, then each of its query
+     * heads' eight dots reduced together */
+    int64_t blk = first / block_size, off = first % block_size;     /* walks the block table, no divisions */
     for (int64_t i0 = 0; i0 < S; i0 += KEYS) {
         const int64_t n = S - i0 < KEYS ? S - i0 : KEYS;
-        for (int64_t j = 0; j < KEYS; j++) {
-            if (j < n) {
-                const uint16_t *k = key_cache + ((int64_t)table[blk] * block_size + off) * row_stride;
-                if (++off == block_size) off = 0, blk++;
-                for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, load8(k + d, is_bf16));
-            } else {
-                for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, _mm256_setzero_ps());
-            }
+        const uint16_t *rows[KEYS];
+        for (int64_t j = 0; j < n; j++) {
+            rows[j] = key_cache + ((int64_t)table[blk] * block_size + off) * row_stride;
+            if (++off == block_size) off = 0, blk++;
         }
-        for (int64_t g = 0; g < group; g++) {
-            const float *qg = q + g * D;
-            __m256 a[KEYS];
-            for (int j = 0; j < KEYS; j++) a[j] = _mm256_setzero_ps();
-            for (int64_t d = 0; d < D; d += 8) {
-                __m256 qv = _mm256_loadu_ps(qg + d);
-                for (int j = 0; j < KEYS; j++) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[j] + d), qv, a[j]);
+        for (int64_t h = 0; h < Hk; h++) {
+            for (int64_t j = 0; j < KEYS; j++) {
+                if (j < n)
+                    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, load8(rows[j] + h * D + d, is_bf16));
+                else
+                    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, _mm256_setzero_ps());
             }
-            __m256 s = _mm256_mul_ps(hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]), _mm256_set1_ps(scale));
-            float lanes[KEYS];
-            _mm256_storeu_ps(lanes, s);
-            for (int64_t j = 0; j < n; j++) scores[g * S + i0 + j] = lanes[j];
+            for (int64_t g = h * group; g < (h + 1) * group; g++) {
+                const float *qg = q + g * D;
+                __m256 a[KEYS];
+                for (int j = 0; j < KEYS; j++) a[j] = _mm256_setzero_ps();
+                for (int64_t d = 0; d < D; d += 8) {
+                    __m256 qv = _mm256_loadu_ps(qg + d);
+                    for (int j = 0; j < KEYS; j++) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[j] + d), qv, a[j]);
+                }
+                __m256 sc = _mm256_mul_ps(hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]), _mm256_set1_ps(scale));
+                float lanes[KEYS];
+                _mm256_storeu_ps(lanes, sc);
+                for (int64_t j = 0; j < n; j++) scores[g * S + i0 + j] = lanes[j];
+            }
         }
     }
-    /* exp(s - max) per head, and its sum */
-    for (int64_t g = 0; g < group; g++) {
+    /* exp(s - max) per query head, and its sum */
+    for (int64_t g = 0; g < Hq; g++) {
         float *sg = scores + g * S;
         float mx = -INFINITY;
         for (int64_t i = 0; i < S; i++) mx = sg[i] > mx ? sg[i] : mx;
@@ -306,84 +314,90 @@ static void attend_one(const float *q, const uint16_t *key_cache, const uint16_t
         maxs[g] = mx;
         sums[g] = sum;
     }
-    /* values, up to four query heads at a time */
-    for (int64_t g0 = 0; g0 < group;) {
-        const int64_t left = group - g0, gn = left == 5 ? 3 : (left < 4 ? left : 4);
-        const float *p[4];
-        float *o[4];
-        for (int64_t g = 0; g < gn; g++) p[g] = scores + (g0 + g) * S, o[g] = out + (g0 + g) * D;
-        switch (gn) {
-        case 4: value_heads(value_cache, table, first, S, block_size, row_stride, D, p, o, is_bf16, 4); break;
-        case 3: value_heads(value_cache, table, first, S, block_size, row_stride, D, p, o, is_bf16, 3); break;
-        case 2: value_heads(value_cache, table, first, S, block_size, row_stride, D, p, o, is_bf16, 2); break;
-        default: value_heads(value_cache, table, first, S, block_size, row_stride, D, p, o, is_bf16, 1); break;
+    /* values: chunks of keys, every KV head's query heads (up to four at once) over each chunk */
+    for (int64_t i = 0; i < Hq * D; i++) out[i] = 0.0f;
+    for (int64_t c0 = 0; c0 < S; c0 += VALUE_CHUNK) {
+        const int64_t n = S - c0 < VALUE_CHUNK ? S - c0 : VALUE_CHUNK;
+        for (int64_t h = 0; h < Hk; h++) {
+            for (int64_t g0 = h * group, end = (h + 1) * group; g0 < end;) {
+                const int64_t left = end - g0, gn = left == 5 ? 3 : (left < 4 ? left : 4);
+                const float *p[4];
+                float *o[4];
+                for (int64_t g = 0; g < gn; g++) p[g] = scores + (g0 + g) * S + c0, o[g] = out + (g0 + g) * D;
+                const uint16_t *vh = value_cache + h * D;
+                switch (gn) {
+                case 4: value_heads(vh, table, first + c0, n, block_size, row_stride, D, p, o, is_bf16, 4); break;
+                case 3: value_heads(vh, table, first + c0, n, block_size, row_stride, D, p, o, is_bf16, 3); break;
+                case 2: value_heads(vh, table, first + c0, n, block_size, row_stride, D, p, o, is_bf16, 2); break;
+                default: value_heads(vh, table, first + c0, n, block_size, row_stride, D, p, o, is_bf16, 1); break;
+                }
+                g0 += gn;
+            }
         }
-        g0 += gn;
     }
 }
 
 /* q [R, Hq, D] float32; caches [num_blocks, block_size, Hk, D] 16-bit; block_tables [R, max_blocks] int32;
  * out [R, Hq, D] float32. Needs Hq % Hk == 0, Hq / Hk <= MAX_GROUP, D % 8 == 0, D <= MAX_HEAD_DIM.
- * With fewer (request, KV head) tasks than a few per thread (small batches), each request's keys are split
- * into ranges of at least MIN_SPLIT_KEYS, attended separately and merged (flash-decoding's split-K), so
- * every thread has work. */
-#define MIN_SPLIT_KEYS 64
+ * One task per request; with fewer requests than a few per thread (small batches), each request's keys are
+ * split into ranges of at least MIN_SPLIT_KEYS, attended separately and merged (flash-decoding's split-K),
+ * so every thread has work. */
+#define MIN_SPLIT_KEYS 32
+#define MAX_SPLITS 64
 void paged_decode_attention16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
                               const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks,
                               float *out, int64_t R, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
                               float scale, int is_bf16, int num_threads) {
-    const int64_t group = Hq / Hk, tasks = R * Hk;
     int64_t longest = 1;
     for (int64_t r = 0; r < R; r++) longest = seq_lens[r] > longest ? seq_lens[r] : longest;
     int64_t splits = 1;
-    if (tasks < 4 * (int64_t)num_threads) {
-        splits = (4 * num_threads + tasks - 1) / tasks;
+    if (R < 4 * (int64_t)num_threads) {
+        splits = (4 * num_threads + R - 1) / R;
         const int64_t most = (longest + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
         splits = splits < most ? splits : most;
-        splits = splits < 64 ? splits : 64;                     /* the merge keeps 64 weights */
+        splits = splits < MAX_SPLITS ? splits : MAX_SPLITS;
     }
     const int64_t span = (longest + splits - 1) / splits;       /* keys per range at most */
-    float *part = malloc(sizeof(float) * (size_t)(tasks * splits * group) * (size_t)(D + 2));
-    float *part_max = part + tasks * splits * group * D, *part_sum = part_max + tasks * splits * group;
+    const int64_t jobs = R * splits;
+    float *part = malloc(sizeof(float) * (size_t)(jobs * Hq) * (size_t)(D + 2));
+    float *part_max = part + jobs * Hq * D, *part_sum = part_max + jobs * Hq;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)span * (size_t)group);
+        float *scores = malloc(sizeof(float) * (size_t)span * (size_t)Hq);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t job = 0; job < tasks * splits; job++) {
-            const int64_t task = job / splits, split = job % splits, r = task / Hk, h = task % Hk;
+        for (int64_t job = 0; job < jobs; job++) {
+            const int64_t r = job / splits, split = job % splits;
             const int64_t S = seq_lens[r], per = (S + splits - 1) / splits;
             const int64_t lo = split * per < S ? split * per : S, hi = lo + per < S ? lo + per : S;
-            float *acc = part + job * group * D, *mx = part_max + job * group, *sm = part_sum + job * group;
+            float *acc = part + job * Hq * D, *mx = part_max + job * Hq, *sm = part_sum + job * Hq;
             if (hi > lo) {
-                attend_one(q + (r * Hq + h * group) * D, key_cache + h * D, value_cache + h * D,
-                           block_tables + r * max_blocks, lo, hi - lo, group, Hk, D, block_size, scale, is_bf16,
-                           scores, acc, mx, sm);
+                attend_range(q + r * Hq * D, key_cache, value_cache, block_tables + r * max_blocks, lo, hi - lo,
+                             Hq, Hk, D, block_size, scale, is_bf16, scores, acc, mx, sm);
             } else {
-                for (int64_t g = 0; g < group; g++) mx[g] = -INFINITY, sm[g] = 0.0f;
+                for (int64_t g = 0; g < Hq; g++) mx[g] = -INFINITY, sm[g] = 0.0f;
             }
         }
         free(scores);
-        /* merge each head's ranges: rescale each by exp(its max - the overall max) */
+        /* merge each query head's ranges: rescale each by exp(its max - the overall max) */
 #pragma omp for schedule(static)
-        for (int64_t head = 0; head < tasks * group; head++) {
-            const int64_t task = head / group, g = head % group;
-            float top = -INFINITY, total = 0.0f;
+        for (int64_t head = 0; head < R * Hq; head++) {
+            const int64_t r = head / Hq, g = head % Hq;
+            float top = -INFINITY, total = 0.0f, weights[MAX_SPLITS];
             for (int64_t s = 0; s < splits; s++) {
-                const float m = part_max[(task * splits + s) * group + g];
+                const float m = part_max[(r * splits + s) * Hq + g];
                 top = m > top ? m : top;
             }
-            float weights[64];
             for (int64_t s = 0; s < splits; s++) {
-                const int64_t at = (task * splits + s) * group + g;
+                const int64_t at = (r * splits + s) * Hq + g;
                 weights[s] = part_sum[at] > 0.0f ? expf(part_max[at] - top) : 0.0f;
                 total += weights[s] * part_sum[at];
             }
             const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-            float *o = out + ((task / Hk) * Hq + (task % Hk) * group + g) * D;
+            float *o = out + head * D;
             for (int64_t d = 0; d < D; d++) {
                 float v = 0.0f;
                 for (int64_t s = 0; s < splits; s++)
-                    if (weights[s] > 0.0f) v += weights[s] * part[((task * splits + s) * group + g) * D + d];
+                    if (weights[s] > 0.0f) v += weights[s] * part[((r * splits + s) * Hq + g) * D + d];
                 o[d] = v * inv;
             }
         }
