@@ -261,13 +261,31 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
     float keys[KEYS][MAX_HEAD_DIM];
     /* scores: for eight keys at a time, each KV head's slice widened into L1, then each of its query
      * heads' eight dots reduced together */
-    int64_t blk = first / block_size, off = first % block_size;     /* walks the block table, no divisions */
+    /* The cache offsets of the keys (a walk of the block table, no divisions) are taken a group ahead of
+     * their use: the next group's key rows are prefetched into L1 and this group's value rows into L2,
+     * where the values pass below finds them. */
+    const int64_t row_bytes = row_stride * 2;
+    int64_t blk = first / block_size, off = first % block_size, ahead[KEYS], slots[KEYS];
+    int64_t ahead_n = 0;
+    for (; ahead_n < KEYS && ahead_n < S; ahead_n++) {
+        ahead[ahead_n] = (int64_t)table[blk] * block_size + off;
+        if (++off == block_size) off = 0, blk++;
+    }
     for (int64_t i0 = 0; i0 < S; i0 += KEYS) {
         const int64_t n = S - i0 < KEYS ? S - i0 : KEYS;
         const uint16_t *rows[KEYS];
-        for (int64_t j = 0; j < n; j++) {
-            rows[j] = key_cache + ((int64_t)table[blk] * block_size + off) * row_stride;
+        for (int64_t j = 0; j < n; j++) slots[j] = ahead[j];
+        ahead_n = 0;
+        for (; ahead_n < KEYS && i0 + KEYS + ahead_n < S; ahead_n++) {
+            ahead[ahead_n] = (int64_t)table[blk] * block_size + off;
             if (++off == block_size) off = 0, blk++;
+            const char *next = (const char *)(key_cache + ahead[ahead_n] * row_stride);
+            for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            rows[j] = key_cache + slots[j] * row_stride;
+            const char *v = (const char *)(value_cache + slots[j] * row_stride);
+            for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(v + b, _MM_HINT_T1);
         }
         for (int64_t h = 0; h < Hk; h++) {
             for (int64_t j = 0; j < KEYS; j++) {
