@@ -22,6 +22,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#ifndef PAIR_AHEAD
+#define PAIR_AHEAD 4
+#endif
 #ifndef PREFETCH
 #define PREFETCH 1024
 #endif
@@ -68,9 +71,9 @@ static inline __attribute__((always_inline)) void pair(const float *x, const uin
     for (int j = 0; j < MR; j++) a[j] = b[j] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
-        if ((k & 31) == 0) {
-            _mm_prefetch((const char *)(w0 + k) + PREFETCH, _MM_HINT_T0);
-            _mm_prefetch((const char *)(w1 + k) + PREFETCH, _MM_HINT_T0);
+        if ((k & 31) == 0 && m0 == 0) {     /* the rows PAIR_AHEAD further on, while these are in use */
+            _mm_prefetch((const char *)(w0 + PAIR_AHEAD * K + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w1 + PAIR_AHEAD * K + k), _MM_HINT_T0);
         }
         __m256 v0 = load8(w0 + k, is_bf16), v1 = load8(w1 + k, is_bf16);
         for (int j = 0; j < MR; j++) {
