@@ -18,12 +18,15 @@ RINGSERVE_CPU_FUSED_DECODE=0 turns it off (the eager path runs: for comparisons)
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
 from engine.attention import AttentionMetadata
 from kernels import cpu_avx2
+
+logger = logging.getLogger(__name__)
 
 # Rows above this go to the eager path: its float32 GEMMs over the exact fp32 weight copies are faster
 # once the step is bound by arithmetic rather than by reading the weights.
@@ -56,18 +59,27 @@ class CpuDecode:
     def __init__(self, model) -> None:
         self.model = model
         self._stack: cpu_avx2.DecodeStack | None = None
+        self.disabled: str | None = None        # why the stack could not be built (the eager path runs)
 
-    def can_run(self, metadata: AttentionMetadata, input_ids: torch.Tensor) -> bool:
-        return (metadata.is_pure_decode and not input_ids.is_cuda and 0 < len(input_ids) <= MAX_ROWS
-                and len(metadata.seq_lens) == len(input_ids))
+    def can_run(self, metadata: AttentionMetadata, input_ids: torch.Tensor, kv_caches: list[torch.Tensor]) -> bool:
+        if (self.disabled is not None or not metadata.is_pure_decode or input_ids.is_cuda
+                or not 0 < len(input_ids) <= MAX_ROWS or len(metadata.seq_lens) != len(input_ids)):
+            return False
+        stack = self._stack
+        if stack is None or any(a is not b for a, b in zip(stack.kv_caches, kv_caches, strict=True)):
+            try:
+                self._stack = self._build(kv_caches)
+            except ValueError as exc:          # a layout the kernels do not take: the eager path is exact
+                self.disabled = str(exc)
+                logger.warning("pure-decode steps run eagerly: %s", exc)
+                return False
+        return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                  metadata: AttentionMetadata) -> torch.Tensor:
-        stack = self._stack
-        if stack is None or any(a is not b for a, b in zip(stack.kv_caches, kv_caches, strict=True)):
-            stack = self._stack = self._build(kv_caches)
+        """Only after can_run() said yes for these inputs and caches."""
         hidden = self.model.model.embed_tokens(input_ids).to(torch.float32)
-        return stack(hidden, positions, metadata.slot_mapping, metadata.seq_lens, metadata.block_tables)
+        return self._stack(hidden, positions, metadata.slot_mapping, metadata.seq_lens, metadata.block_tables)
 
     def _build(self, kv_caches: list[torch.Tensor]) -> cpu_avx2.DecodeStack:
         inner, args = self.model.model, self.model.args

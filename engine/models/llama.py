@@ -180,7 +180,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 metadata: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] int64 -> hidden states [T, hidden] (in activation_dtype)."""
-        if self.cpu_decode is not None and self.cpu_decode.can_run(metadata, input_ids):
+        if self.cpu_decode is not None and self.cpu_decode.can_run(metadata, input_ids, kv_caches):
             return self.cpu_decode(input_ids, positions, kv_caches, metadata)
         widen = self.activation_dtype if self.activation_dtype != self.dtype else None
         return self.model(input_ids, positions, kv_caches, metadata, widen)

@@ -140,3 +140,14 @@ def test_where_the_fused_path_does_not_apply(tiny_model, monkeypatch):
     monkeypatch.setenv("RINGSERVE_CPU_FUSED_DECODE", "0")
     assert unsupported_reason(model) == "RINGSERVE_CPU_FUSED_DECODE=0"
     assert _load(path, "bfloat16").cpu_decode is None
+
+
+def test_a_cache_the_kernels_cannot_take_falls_back_to_the_eager_path(tiny_model):
+    """A KV cache in another dtype than the weights: the stack is refused once, the eager path answers."""
+    model = _load(tiny_model("LlamaForCausalLM"), "bfloat16")
+    runner = PagedBatchRunner(model, num_blocks=16, block_size=4)
+    runner.kv_caches = [cache.half() for cache in runner.kv_caches]
+    runner.step({"a": PROMPTS["a"]})
+    logits = runner.step({"a": [9]})["a"]
+    assert "kv_cache must be" in (model.cpu_decode.disabled or "")
+    assert torch.isfinite(logits).all()
