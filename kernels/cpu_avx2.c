@@ -380,8 +380,9 @@ void paged_decode_attention16(const float *q, const uint16_t *key_cache, const u
     }
     const int64_t span = (longest + splits - 1) / splits;       /* keys per range at most */
     const int64_t jobs = R * splits;
-    float *part = malloc(sizeof(float) * (size_t)(jobs * Hq) * (size_t)(D + 2));
-    float *part_max = part + jobs * Hq * D, *part_sum = part_max + jobs * Hq;
+    /* Unsplit, each job's unnormalised output goes straight to out and is normalised there. */
+    float *part = splits == 1 ? out : malloc(sizeof(float) * (size_t)(jobs * Hq) * (size_t)D);
+    float *part_max = malloc(sizeof(float) * (size_t)(jobs * Hq) * 2), *part_sum = part_max + jobs * Hq;
 #pragma omp parallel num_threads(num_threads)
     {
         float *scores = malloc(sizeof(float) * (size_t)span * (size_t)Hq);
@@ -423,7 +424,8 @@ void paged_decode_attention16(const float *q, const uint16_t *key_cache, const u
             }
         }
     }
-    free(part);
+    if (part != out) free(part);
+    free(part_max);
 }
 
 /* ---------------------------------------------------------------- a whole decode step's layers */

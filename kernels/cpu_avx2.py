@@ -1,6 +1,7 @@
 """CPU kernels for 16-bit models on AVX2 (kernels/cpu_avx2.c), built on first use with the system's C
-compiler and called through ctypes: `gemm16` (16-bit weights times float32 activations) and
-`paged_decode_attention16` (decode attention read in place from the paged 16-bit KV cache).
+compiler and called through ctypes: `gemm16` (16-bit weights times float32 activations),
+`paged_decode_attention16` / `paged_attention16` (decode and prefill attention read in place from the paged
+16-bit KV cache) and `DecodeStack` (a whole pure-decode step of a Llama-family model in one call).
 
 Why: on x86 CPUs without AVX-512 BF16/AMX, torch's bf16 and fp16 matmuls widen the weights slowly and reach
 ~8 GB/s, below its own fp32 path, while a decode step at small batch is bound by reading the weights; and
@@ -150,6 +151,27 @@ def paged_decode_attention16(query: torch.Tensor, key_cache: torch.Tensor, value
         int(key_cache.dtype == torch.bfloat16), torch.get_num_threads(),
     )
     return out.to(query.dtype)
+
+
+def paged_attention16(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Same contract as kernels.paged_attention_torch (prefill chunks and decode tokens, causal, query
+    [T, Hq, D] -> [T, Hq, D] in query's dtype) for a cache that supports_attention() accepts: each query
+    token runs as a decode row of its own causal length, reading the cache in place (2.5-6x the torch
+    reference for 256-2,048-token prompts on the project's machine, whose masked SDPA grows quadratically
+    in memory). Rows past query_start_loc[-1] (padding) get zeros. Only call when available()."""
+    starts = query_start_loc.to(torch.int64)
+    counts = starts[1:] - starts[:-1]
+    actual = int(starts[-1])
+    request = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    lens = torch.zeros(query.shape[0], dtype=torch.int32)
+    # token i of request r sees the r's cached tokens before its chunk and its own chunk up to itself
+    lens[:actual] = (seq_lens.to(torch.int64)[request] - counts[request] + torch.arange(actual)
+                     - starts[request] + 1).to(torch.int32)
+    tables = torch.zeros(query.shape[0], block_tables.shape[1], dtype=torch.int32)
+    tables[:actual] = block_tables.index_select(0, request)
+    return paged_decode_attention16(query, key_cache, value_cache, lens, tables, scale)
 
 
 def _float32(x: torch.Tensor) -> torch.Tensor:

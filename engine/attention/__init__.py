@@ -44,8 +44,9 @@ class AttentionBackend:
 
 
 class TorchAttention(AttentionBackend):
-    """The CPU path. Pure-decode steps over a 16-bit cache go to kernels/cpu_avx2's decode attention where
-    it runs (reads the paged cache in place); everything else to the torch reference."""
+    """The CPU path. Over a 16-bit cache, kernels/cpu_avx2's attention runs where it can (it reads the paged
+    cache in place: decode rows, and prefill chunks as one decode row per query token); everything else
+    goes to the torch reference."""
 
     name = "torch"
 
@@ -59,10 +60,12 @@ class TorchAttention(AttentionBackend):
 
         write_kv_cache_torch(key, value, kv_cache[0], kv_cache[1], metadata.slot_mapping)
         fast = self.cpu_kernels
-        if (fast is not None and metadata.is_pure_decode and not query.is_cuda
-                and fast.supports_attention(kv_cache[0], query.shape[1])):
-            return fast.paged_decode_attention16(query, kv_cache[0], kv_cache[1], metadata.seq_lens,
-                                                 metadata.block_tables, scale)
+        if fast is not None and not query.is_cuda and fast.supports_attention(kv_cache[0], query.shape[1]):
+            if metadata.is_pure_decode:
+                return fast.paged_decode_attention16(query, kv_cache[0], kv_cache[1], metadata.seq_lens,
+                                                     metadata.block_tables, scale)
+            return fast.paged_attention16(query, kv_cache[0], kv_cache[1], metadata.query_start_loc,
+                                          metadata.seq_lens, metadata.block_tables, scale)
         return paged_attention_torch(
             query, kv_cache[0], kv_cache[1], metadata.query_start_loc, metadata.seq_lens,
             metadata.block_tables, scale,

@@ -93,3 +93,28 @@ def test_paged_decode_attention16_splits_the_keys_of_small_batches(seq_lens):
     nonempty = seq_lens > 0
     torch.testing.assert_close(got[nonempty], expected[nonempty], atol=1e-5, rtol=1e-4)
     assert torch.equal(got[~nonempty], torch.zeros_like(got[~nonempty]))      # no keys: zeros, not NaN
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_paged_attention16_matches_the_reference_on_mixed_chunks(dtype):
+    """Prefill chunks (one after a cached prefix), decode tokens and padding rows in one batch: causal
+    attention as the torch reference computes it."""
+    from kernels import paged_attention_torch
+
+    generator = torch.Generator().manual_seed(7)
+    block_size, num_heads, num_kv_heads, head_dim = 4, 6, 2, 32
+    query_lens, seq_lens = [5, 1, 9, 1], [5, 12, 20, 3]          # request 2: 11 cached + a chunk of 9
+    blocks_per_seq = -(-max(seq_lens) // block_size)
+    num_blocks = 1 + len(seq_lens) * blocks_per_seq
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).to(dtype)
+    block_tables = (1 + torch.randperm(num_blocks - 1, generator=generator)).view(len(seq_lens), -1).int()
+    tokens = sum(query_lens)
+    query = torch.randn(tokens + 2, num_heads, head_dim, generator=generator)      # two padding rows
+    query_start_loc = torch.tensor([0, 5, 6, 15, 16], dtype=torch.int32)
+    seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
+    expected = paged_attention_torch(query[:tokens], key_cache.float(), value_cache.float(), query_start_loc,
+                                     seq_lens, block_tables, 0.2)
+    got = cpu_avx2.paged_attention16(query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, 0.2)
+    torch.testing.assert_close(got[:tokens], expected, atol=1e-5, rtol=1e-4)
+    assert torch.equal(got[tokens:], torch.zeros_like(got[tokens:]))
