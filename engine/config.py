@@ -359,8 +359,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         declared = hf.get("torch_dtype") or hf.get("dtype") or "float32"
         if declared not in ("float32", "bfloat16", "float16"):
             declared = "float32"
-        if self.resolved_device == "cpu" and declared == "float16":
-            return "float32"     # fp16 matmuls on the CPU are slow and lossy
+        if self.resolved_device == "cpu" and declared == "float16" and not cpu_half_kernels_possible():
+            return "float32"     # without kernels/cpu_avx2, fp16 matmuls on the CPU are slow and lossy
         return declared
 
     # ------------------------------------------------------------------ transport
@@ -389,6 +389,25 @@ def read_model_config(model: str) -> dict:
 
 def _model_max_len(hf: dict) -> int:
     return int(hf.get("max_position_embeddings") or 2048)
+
+
+def cpu_half_kernels_possible() -> bool:
+    """Whether kernels/cpu_avx2 (fast 16-bit weights on the CPU, float32 arithmetic) can run here: x86 with
+    AVX2, FMA and F16C, a C compiler, and not RINGSERVE_CPU_KERNELS=0. The same test as the kernels' own,
+    made here without importing torch (the engine root may not import kernels/); should their build still
+    fail, a 16-bit model runs on the CPU through the slower torch path, with the same numbers."""
+    import shutil
+
+    if os.environ.get("RINGSERVE_CPU_KERNELS", "1") == "0":
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    if not all(flag in flags for flag in ("avx2", "fma", "f16c")):
+        return False
+    return (shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")) is not None
 
 
 def cuda_available() -> bool:
