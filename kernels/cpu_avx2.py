@@ -31,6 +31,7 @@ import torch
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_avx2.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+BF16_DOT_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")    # VDPBF16PS (e.g. AMD Zen 4)
 SUPPORTED = (torch.bfloat16, torch.float16)
 MAX_GROUP, MAX_HEAD_DIM = 16, 256          # as in cpu_avx2.c
 
@@ -40,13 +41,17 @@ def _cache_dir() -> str:
     return os.path.join(root, "ringserve", "kernels")
 
 
-def _cpu_supported() -> bool:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return False
-    return all(flag in flags for flag in REQUIRED_CPU_FLAGS)
+        return frozenset()
+
+
+def _cpu_supported() -> bool:
+    return all(flag in _cpu_flags() for flag in REQUIRED_CPU_FLAGS)
 
 
 def _build(compiler: str) -> str:
@@ -99,6 +104,9 @@ def _library() -> ctypes.CDLL | None:
                                              ctypes.c_float, ctypes.c_int, ctypes.c_int]
     lib.decode_forward16.restype = None
     lib.decode_forward16.argtypes = [ctypes.POINTER(_Model), ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_int]
+    lib.set_bf16_dot.restype = ctypes.c_int
+    lib.set_bf16_dot.argtypes = [ctypes.c_int]
+    lib.set_bf16_dot(int(bf16_dot_possible() and os.environ.get("RINGSERVE_CPU_BF16_DOT", "1") != "0"))
     return lib
 
 
@@ -107,8 +115,24 @@ def available() -> bool:
     return _library() is not None
 
 
+def bf16_dot_possible() -> bool:
+    """Whether this CPU has AVX-512 BF16, with which gemm16 multiplies bf16 weights from three rows on with
+    VDPBF16PS (activations rounded to bf16, float32 accumulation: twice the float32 FMA rate) unless
+    RINGSERVE_CPU_BF16_DOT=0."""
+    return all(flag in _cpu_flags() for flag in BF16_DOT_CPU_FLAGS)
+
+
+def set_bf16_dot(on: bool) -> bool:
+    """Turn gemm16's AVX-512 BF16 path on or off (tests pin one arithmetic); returns whether it was on.
+    On needs bf16_dot_possible(). Only call when available()."""
+    if on and not bf16_dot_possible():
+        raise RuntimeError("this CPU has no AVX-512 BF16")
+    return bool(_library().set_bf16_dot(int(on)))
+
+
 def gemm16(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (any float dtype) @ weight [N, K]ᵀ (bf16 or fp16, contiguous) -> float32 [M, N].
+    """x [M, K] (any float dtype) @ weight [N, K]ᵀ (bf16 or fp16, contiguous) -> float32 [M, N]; float32
+    arithmetic, except bf16 weights from three rows on where bf16_dot_possible(): bf16 products.
 
     Only call when available(); x is widened to float32 first (a copy of M x K, small next to the weight).
     """

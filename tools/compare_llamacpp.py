@@ -3,14 +3,14 @@
 1. Serving: starts llama-server from the peer directory (../shared/peers/llama-cpp.sh builds it) on the
    GGUF, runs the `bench serve` scenarios of tools/compare_vllm (random 256/128 at concurrency 1 and 16, a
    shared 1,024-token prefix at concurrency 4) with the same client, stops it; then the same for ringserve
-   on MODEL (an HF directory holding the same weights, or the .gguf itself where ringserve reads GGUF).
+   on MODEL (the same .gguf file, or an HF directory holding the same weights).
 2. Batch-1 decode shaped like `llama-bench -p 0 -n 128` (tokens/s of 128 generated tokens): llama-bench
    itself, and `ringserve bench latency`'s measurement at batch 1.
 3. Prints one table with both engines, the ratios and the issue-18 targets, with the machine's load
    average before and after each engine's turn (the cores may be shared); --rounds N alternates the
    engines N times and reports the median and the range of each figure.
 
-    python -m tools.compare_llamacpp /tmp/smollm2-hf --gguf /tmp/peer-llama-cpp/smollm2-f16.gguf
+    python -m tools.compare_llamacpp /tmp/peer-llama-cpp/smollm2-f16.gguf    # both engines on one file
 """
 
 from __future__ import annotations
@@ -114,11 +114,12 @@ def format_report(report: dict) -> str:
 
 @click.command()
 @click.argument("model", type=click.Path(exists=True))
-@click.option("--gguf", default=os.path.join(DEFAULT_PEER, "smollm2-f16.gguf"), show_default=True,
-              help="the model file llama.cpp serves (the same weights as MODEL)")
+@click.option("--gguf", default=None, help="the model file llama.cpp serves (the same weights as MODEL); "
+              "default: MODEL when it is a .gguf file")
 @click.option("--peer-dir", default=DEFAULT_PEER, show_default=True, help="llama.cpp's build (bin/)")
-@click.option("--tokenizer", default=None, help="for the client; default: MODEL when it is a directory")
-@click.option("--dtype", default="bfloat16", show_default=True, help="ringserve's dtype")
+@click.option("--tokenizer", default=None, help="for the client; default: MODEL (a directory or a GGUF file)")
+@click.option("--dtype", default="auto", show_default=True,
+              help="ringserve's dtype (auto: the file's own, float16 for an F16 GGUF)")
 @click.option("--threads", default=os.cpu_count() or 1, show_default=True,
               help="llama.cpp's -t and ringserve's --cpu-threads")
 @click.option("--slots", default=16, show_default=True, help="llama-server's parallel slots (-np)")
@@ -138,9 +139,13 @@ def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cac
     import platform
 
     model = os.path.abspath(model)
+    if gguf is None:
+        if not model.lower().endswith(".gguf"):
+            raise click.UsageError("--gguf is needed when MODEL is not a GGUF file (llama.cpp serves only GGUF)")
+        gguf = model
     tokenizer = os.path.abspath(tokenizer or model)
-    if not os.path.isdir(tokenizer):
-        raise click.UsageError("--tokenizer must be a directory with the model's tokenizer")
+    if not (os.path.isdir(tokenizer) or tokenizer.lower().endswith(".gguf")):
+        raise click.UsageError("--tokenizer must be a directory with the model's tokenizer, or a GGUF file")
     if not os.path.isfile(os.path.join(peer_dir, "bin", "llama-server")):
         raise click.UsageError(f"no llama-server in {peer_dir}/bin (build it: ../shared/peers/llama-cpp.sh)")
     flags = dict(dtype=dtype, max_model_len=2048, block_size=16, kv_cache_memory=kv_cache_memory,

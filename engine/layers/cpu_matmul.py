@@ -1,15 +1,19 @@
-"""Half-precision matmuls on CPUs that have no half-precision matmul instructions.
+"""Half-precision matmuls on CPUs, with or without half-precision matmul instructions.
 
-On x86 CPUs without AVX-512 BF16 or AMX (e.g. this project's AVX2 CI machines), torch's bf16/fp16 GEMMs
-run 4–7x slower than fp32 ones for more than one row. There, every matmul layer keeps an exact float32 copy
-of its weight, multiplies in float32 and rounds the result back to the model dtype: the arithmetic of a
+On x86 CPUs without a native matmul for the model's 16-bit type (AVX2-only CPUs for both; AVX-512 BF16
+CPUs such as AMD Zen 4 for float16, which only AVX-512 FP16 / AMX-FP16 speed up), torch's bf16/fp16 GEMMs run
+4-7x slower than fp32 ones for more than one row. There, every matmul layer keeps an exact float32 copy of
+its weight, multiplies in float32 and rounds the result back to the model dtype: the arithmetic of a
 half-precision GEMM with float32 accumulation (what GPUs and oneDNN's native kernels do), at fp32 speed,
-for twice the weight memory. Activations, the KV cache and everything else stay in the model dtype.
+for twice the weight memory. Where the CPU does have the native instruction for the dtype (AVX-512 BF16 or
+AMX for bf16), large inputs go to torch's own 16-bit matmul instead (oneDNN: about twice the float32 rate,
+the activations rounded to the weights' dtype as a GPU would), and no float32 copy is made.
 
 Up to `GEMM16_MAX_ROWS` rows (decode batches), where the step is bound by reading the weights, the 16-bit
 weights themselves are multiplied by kernels/cpu_avx2 (AVX2, widened in registers, float32 accumulation:
 the same arithmetic) when it is available: half the bytes of the fp32 copies, and 2-4x faster than torch's
-own bf16 matmul at every batch size up to 16 on this project's AVX2 machine.
+own bf16 matmul at every batch size up to 16 on this project's AVX2 machine (and than oneDNN's AVX-512 BF16
+one below ~32 rows on Zen 4).
 """
 
 from __future__ import annotations
@@ -27,53 +31,78 @@ HALF = (torch.bfloat16, torch.float16)
 GEMM16_MAX_ROWS = 32
 
 
+# the /proc/cpuinfo flags that give torch (oneDNN) a fast matmul for each 16-bit type
+NATIVE_MATMUL_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+
+
 @functools.cache
-def cpu_has_native_half_matmul() -> bool:
-    flags = ""
+def _cpu_flags() -> frozenset[str] | None:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return True                       # not Linux/x86: leave torch's choice alone
-    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16", "avx512_fp16"))
+        return None                       # not Linux
+
+
+def cpu_has_native_half_matmul(dtype: torch.dtype) -> bool:
+    """Whether torch's own matmul in `dtype` runs at speed here (an instruction for it); True where the CPU
+    cannot be asked (not Linux/x86: leave torch's choice alone)."""
+    flags = _cpu_flags()
+    if flags is None:
+        return True
+    return any(flag in flags for flag in NATIVE_MATMUL_FLAGS.get(dtype, ()))
 
 
 def should_upcast(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a 16-bit model on `device` takes this module's path (float32 activations, kernels/cpu_avx2 for
+    small inputs, float32 copies or the native 16-bit matmul for large ones) rather than plain torch in the
+    model dtype: on a CPU without a native matmul for the dtype, or with one where the AVX2 kernels run
+    (they beat it on decode batches). RINGSERVE_CPU_UPCAST_MATMUL=1/0 forces the choice."""
+    if device.type != "cpu" or dtype not in HALF:
+        return False
     override = os.environ.get("RINGSERVE_CPU_UPCAST_MATMUL")
     if override is not None:
-        return override == "1" and device.type == "cpu" and dtype in HALF
-    return device.type == "cpu" and dtype in HALF and not cpu_has_native_half_matmul()
+        return override == "1"
+    return not cpu_has_native_half_matmul(dtype) or cpu_avx2.available()
 
 
 class UpcastMatmul:
-    """Mixed into matmul layers: `self.matmul(x)` uses the fp32 copies once `upcast()` ran, for inputs of
-    at least `upcast_min_rows` rows; a single row (a batch-1 decode) is a matrix-vector product that is
-    bound by memory, where reading the half-size weights wins (measured on AVX2: the 151,936 x 256 LM head
-    takes 6 ms per row in bf16 vs 16 ms in fp32, and 38 vs 37 ms at 8 rows; small layers cross at 2 rows)."""
+    """Mixed into matmul layers: once `upcast()` ran, `self.matmul(x)` takes kernels/cpu_avx2 up to
+    GEMM16_MAX_ROWS rows, and from `upcast_min_rows` rows the fp32 copies (or, where the CPU multiplies the
+    dtype natively, torch's 16-bit matmul); a single row without the kernels (a batch-1 decode) is a
+    matrix-vector product bound by memory, where reading the half-size weights wins (measured on AVX2: the
+    151,936 x 256 LM head takes 6 ms per row in bf16 vs 16 ms in fp32, and 38 vs 37 ms at 8 rows; small
+    layers cross at 2 rows)."""
 
-    compute_weight: torch.Tensor | None = None
+    upcast_done = False
+    compute_weight: torch.Tensor | None = None      # the fp32 copy; None where the 16-bit matmul is native
     compute_bias: torch.Tensor | None = None
     upcast_min_rows = 2
     gemm16 = False                  # set by upcast() where kernels/cpu_avx2 runs
 
     def upcast(self) -> None:
+        self.upcast_done = True
+        self.gemm16 = cpu_avx2.available() and self.weight.is_contiguous()
+        if cpu_has_native_half_matmul(self.weight.dtype) and os.environ.get("RINGSERVE_CPU_UPCAST_MATMUL") != "1":
+            return
         self.compute_weight = self.weight.detach().float()
         bias = getattr(self, "bias", None)
         self.compute_bias = None if bias is None else bias.detach().float()
-        self.gemm16 = cpu_avx2.available() and self.weight.is_contiguous()
 
     def matmul_float(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor | None:
         """x @ Wᵀ (+ b) in float32 on the upcast path; None where the layer was not upcast."""
-        weight = self.compute_weight
-        if weight is None:
+        if not self.upcast_done:
             return None
-        bias = self.compute_bias if with_bias else None
         if self.gemm16 and x.shape[0] <= GEMM16_MAX_ROWS:
             y = cpu_avx2.gemm16(x, self.weight)
-            return y if bias is None else y.add_(bias)
+            bias = getattr(self, "bias", None) if with_bias else None
+            return y if bias is None else y.add_(bias)      # a 16-bit bias widens exactly
         if x.shape[0] < self.upcast_min_rows:
             return None
-        return F.linear(x.float(), weight, bias)
+        if self.compute_weight is None:             # native 16-bit matmul (oneDNN), float32 accumulation
+            bias = getattr(self, "bias", None) if with_bias else None
+            return F.linear(x.to(self.weight.dtype), self.weight, bias).float()
+        return F.linear(x.float(), self.compute_weight, self.compute_bias if with_bias else None)
 
     def matmul(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         y = self.matmul_float(x, with_bias)

@@ -11,11 +11,20 @@ import torch.nn.functional as F
 from kernels import cpu_avx2, paged_decode_attention_torch
 
 pytestmark = pytest.mark.skipif(not cpu_avx2.available(), reason="needs x86 AVX2/FMA/F16C and a C compiler")
+needs_bf16_dot = pytest.mark.skipif(not cpu_avx2.bf16_dot_possible(), reason="needs a CPU with AVX-512 BF16")
+
+
+@pytest.fixture
+def float32_arithmetic():
+    """gemm16 in float32 throughout, also on CPUs where bf16 weights take the AVX-512 BF16 path."""
+    was = cpu_avx2.set_bf16_dot(False)
+    yield
+    cpu_avx2.set_bf16_dot(was)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 64), (2, 96, 576), (3, 7, 40), (5, 13, 19), (16, 130, 72)])
-def test_gemm16_matches_float32_matmul_of_the_same_weights(dtype, m, n, k):
+def test_gemm16_matches_float32_matmul_of_the_same_weights(float32_arithmetic, dtype, m, n, k):
     generator = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=generator)
     weight = torch.randn(n, k, generator=generator).to(dtype)
@@ -25,11 +34,42 @@ def test_gemm16_matches_float32_matmul_of_the_same_weights(dtype, m, n, k):
     torch.testing.assert_close(got, expected, atol=1e-4 * k**0.5, rtol=1e-4)
 
 
-def test_gemm16_widens_16_bit_activations_first():
+def test_gemm16_widens_16_bit_activations_first(float32_arithmetic):
     x = torch.randn(4, 48).bfloat16()
     weight = torch.randn(24, 48).bfloat16()
     torch.testing.assert_close(cpu_avx2.gemm16(x, weight), F.linear(x.float(), weight.float()),
                                atol=1e-4, rtol=1e-4)
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize(("m", "n", "k"), [(3, 7, 40), (5, 13, 19), (6, 4, 32), (16, 130, 72), (17, 1537, 576),
+                                           (40, 9, 1000), (1, 64, 64), (2, 96, 576)])
+def test_gemm16_bf16_dot_rounds_the_activations_to_bf16(m, n, k):
+    """With AVX-512 BF16 from three rows on: the products of bf16-rounded activations and the bf16 weights,
+    summed in float32 (tails of K past a multiple of 32 and of N past a multiple of 4 included); one and two
+    rows stay float32 (bound by reading the weights, where the conversion would only cost)."""
+    generator = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=generator)
+    weight = torch.randn(n, k, generator=generator).bfloat16()
+    was = cpu_avx2.set_bf16_dot(True)
+    try:
+        got = cpu_avx2.gemm16(x, weight)
+        fp16 = cpu_avx2.gemm16(x, weight.half())          # fp16 weights never take it
+    finally:
+        cpu_avx2.set_bf16_dot(was)
+    activations = x.bfloat16().float() if m >= 3 else x
+    torch.testing.assert_close(got, F.linear(activations, weight.float()), atol=1e-4 * k**0.5, rtol=1e-4)
+    torch.testing.assert_close(fp16, F.linear(x, weight.half().float()), atol=1e-4 * k**0.5, rtol=1e-4)
+    if m >= 3:      # and it really is the rounded arithmetic, not float32's
+        assert not torch.allclose(got, F.linear(x, weight.float()), atol=1e-5, rtol=1e-5)
+
+
+def test_set_bf16_dot_refuses_a_cpu_without_it(float32_arithmetic, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(cpu_avx2, "bf16_dot_possible", lambda: False)
+        with pytest.raises(RuntimeError, match="AVX-512 BF16"):
+            cpu_avx2.set_bf16_dot(True)
+    assert cpu_avx2.set_bf16_dot(False) is False          # the refusal changed nothing
 
 
 def test_gemm16_rejects_float32_weights():

@@ -63,3 +63,47 @@ def test_cpu_kernels_match_the_torch_path(tiny_model, monkeypatch, arch):
     assert not any(m.gemm16 for m in slow_model.modules() if isinstance(m, UpcastMatmul))
     for got, expected in zip(fast, slow, strict=True):
         torch.testing.assert_close(got, expected, atol=0.05, rtol=0.05)   # random weights: near-ties flip
+
+
+@pytest.mark.parametrize(("flags", "bf16", "fp16"), [
+    ("fma avx2 f16c", False, False),                              # AVX2 only: neither is native
+    ("fma avx2 f16c avx512f avx512_bf16", True, False),           # e.g. AMD Zen 4: bf16 only
+    ("fma avx2 avx512_bf16 avx512_fp16 amx_bf16", True, True),    # e.g. Sapphire Rapids
+])
+def test_native_half_matmul_is_asked_per_dtype(monkeypatch, flags, bf16, fp16):
+    """An AVX-512 BF16 CPU multiplies bf16 natively, not fp16: a float16 model there still needs the fp32
+    copies or the kernels (it used to run torch's fp16 matmul, ~10x slower on a 256-token prefill)."""
+    from engine.layers import cpu_matmul
+
+    monkeypatch.setattr(cpu_matmul, "_cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.delenv("RINGSERVE_CPU_UPCAST_MATMUL", raising=False)
+    assert cpu_matmul.cpu_has_native_half_matmul(torch.bfloat16) is bf16
+    assert cpu_matmul.cpu_has_native_half_matmul(torch.float16) is fp16
+    for kernels in (False, True):
+        monkeypatch.setattr(cpu_avx2, "available", lambda k=kernels: k)
+        assert should_upcast(torch.device("cpu"), torch.float16) is (not fp16 or kernels)
+        assert should_upcast(torch.device("cpu"), torch.bfloat16) is (not bf16 or kernels)
+        assert not should_upcast(torch.device("cpu"), torch.float32)
+
+
+def test_native_bf16_layers_keep_no_float32_copy(tiny_model, monkeypatch):
+    """Where bf16 is native (AVX-512 BF16), the upcast path keeps the kernels for small inputs and gives large
+    ones to torch's bf16 matmul: no float32 copy is made, activations stay float32 around it, and the logits
+    agree with the float32-copy path within bf16 rounding."""
+    from engine.layers import cpu_matmul
+
+    path = tiny_model("Qwen3ForCausalLM")
+    copies, copies_model = _logits(path, monkeypatch, "1")
+    monkeypatch.delenv("RINGSERVE_CPU_UPCAST_MATMUL")
+    monkeypatch.setattr(cpu_matmul, "cpu_has_native_half_matmul", lambda dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(cpu_matmul, "GEMM16_MAX_ROWS", 2)          # the 8-token prompt takes the native matmul
+    config = EngineConfig(model=str(path), dtype="bfloat16", device="cpu").finalize()
+    model = load_model(config, device="cpu", progress=False)
+    layers = [m for m in model.modules() if isinstance(m, UpcastMatmul)]
+    assert layers and all(m.upcast_done and m.compute_weight is None for m in layers)
+    assert model.activation_dtype == torch.float32
+    native = PagedBatchRunner(model, num_blocks=32, block_size=4).step({0: [3, 14, 15, 92, 65, 35, 89, 79]})[0]
+    assert native.dtype == torch.float32
+    torch.testing.assert_close(native, copies, atol=0.05, rtol=0.05)
+    assert torch.equal(native.argmax(-1), copies.argmax(-1))
+    assert any(m.compute_weight is not None for m in copies_model.modules() if isinstance(m, UpcastMatmul))
