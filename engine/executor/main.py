@@ -67,7 +67,10 @@ def _start(config: EngineConfig, rank: int, tp: int, args: dict):
     import torch
 
     if config.resolved_device == "cpu":
+        from engine.executor.cpu_memory import reuse_freed_memory
+
         torch.set_num_threads(config.cpu_threads or max(1, (os.cpu_count() or 1) // tp))
+        reuse_freed_memory()
     else:
         torch.cuda.set_device(rank)                  # before NCCL init: one GPU per rank
     if tp > 1:

@@ -104,11 +104,22 @@ class UpcastMatmul:
             return F.linear(x.to(self.weight.dtype), self.weight, bias).float()
         return F.linear(x.float(), self.compute_weight, self.compute_bias if with_bias else None)
 
-    def matmul(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+    def matmul_native16(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x @ Wᵀ + b left in the weights' 16-bit dtype where this layer gives x to torch's native 16-bit
+        matmul (a large input on a CPU with the dtype's instruction), else None: a caller whose next step
+        reads 16 bits anyway (SwiGLU before the down projection) skips widening the product to float32."""
+        if not self.upcast_done or self.compute_weight is not None or x.shape[0] < self.upcast_min_rows:
+            return None
+        if self.gemm16 and x.shape[0] <= GEMM16_MAX_ROWS:
+            return None
+        return F.linear(x.to(self.weight.dtype), self.weight, getattr(self, "bias", None))
+
+    def matmul(self, x: torch.Tensor, with_bias: bool = True, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x @ Wᵀ (+ b) in `out_dtype` (default: x's)."""
         y = self.matmul_float(x, with_bias)
         if y is None:       # activations may be float32 over 16-bit weights (engine/models/llama.py)
             y = F.linear(x.to(self.weight.dtype), self.weight, self.bias if with_bias else None)
-        return y.to(x.dtype)
+        return y.to(out_dtype or x.dtype)
 
 
 def upcast_matmul_weights(model: nn.Module) -> int:

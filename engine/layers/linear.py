@@ -115,10 +115,10 @@ class RowParallelLinear(UpcastMatmul, CheckpointWeights, nn.Module):
         self.weight = new_parameter(output_size, self.local_input, dtype=dtype)
         self.bias = new_parameter(output_size, dtype=dtype) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         if self.tp_size == 1:
-            return self.matmul(x)
-        y = all_reduce(self.matmul(x, with_bias=False))
+            return self.matmul(x, out_dtype=out_dtype)
+        y = all_reduce(self.matmul(x, with_bias=False, out_dtype=out_dtype))
         # The bias is added once, after the sum, not once per rank.
         return y if self.bias is None else y + self.bias
 

@@ -88,6 +88,9 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(size, args.hidden_size, args.mlp_bias, **tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj.matmul_native16(x)
+        if gate_up is not None:     # a CPU's native 16-bit matmul: the gate stays in 16 bits for the next one
+            return self.down_proj(silu_and_mul(gate_up), out_dtype=x.dtype)
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
