@@ -156,6 +156,9 @@ static inline __attribute__((always_inline)) void gemv_rows(const float *x, cons
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define BF16_MR 6
 #define BF16_NR 4
+#ifndef DOT_AHEAD
+#define DOT_AHEAD 2
+#endif
 
 static int use_bf16_dot = 0;
 
@@ -197,6 +200,9 @@ BF16_TARGET static inline __attribute__((always_inline)) void dot_tile(
     for (int64_t k = 0; k < Kp; k += 32) {
         const __mmask32 mask = K - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (K - k)) - 1u);
         __m512i wv[BF16_NR];
+        if (m0 == 0 && NR == BF16_NR)        /* the tile DOT_AHEAD further on, from memory into L1 */
+            for (int i = 0; i < NR; i++)
+                _mm_prefetch((const char *)(w + (n0 + DOT_AHEAD * BF16_NR + i) * K + k), _MM_HINT_T0);
         for (int i = 0; i < NR; i++) wv[i] = _mm512_maskz_loadu_epi16(mask, w + (n0 + i) * K + k);
         for (int j = 0; j < MR; j++) {
             const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xb + (m0 + j) * Kp + k));
