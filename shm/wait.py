@@ -110,9 +110,15 @@ def _signals_to_hold() -> frozenset[int]:
 
 def _sleep_with_signals_held(sem: posix_ipc.Semaphore, nap: float, signals: frozenset[int]) -> None:
     """sem.acquire(nap) with `signals` held back: they are delivered when the mask is restored, and their
-    handlers run and raise as usual, at most one slice late."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    handlers run and raise as usual, at most one slice late.
+
+    The mask is read before it is changed: CPython runs pending handlers right after pthread_sigmask changes
+    the mask, so a signal that arrived just before the block raises from that very call, after the block;
+    were `previous` its result, the signals would stay blocked for good (and be inherited by every child
+    process started from this thread)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
         sem.acquire(nap)
     except posix_ipc.BusyError:
         pass

@@ -188,6 +188,28 @@ def test_twenty_start_stop_cycles_leak_nothing(no_leaks):
     assert fds() == before
 
 
+def process_states(pids) -> str:
+    """What a hung process is doing, for a failure message: its state and signal masks (/proc), and its
+    Python stacks where py-spy is installed. (SIGINT to an LLM owner timed out in a few full-suite runs on
+    one machine and never alone; this is here to catch it in the act.)"""
+    import shutil
+
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                lines += [f"pid {pid}: " + "; ".join(
+                    line.strip() for line in f if line.startswith(("State", "SigPnd", "ShdPnd", "SigBlk",
+                                                                   "SigIgn", "SigCgt")))]
+        except OSError:
+            lines.append(f"pid {pid}: gone")
+            continue
+        if shutil.which("py-spy"):
+            lines.append(subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True,
+                                        text=True).stdout)
+    return "\n".join(lines)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_the_owner_stops_every_process(sig, no_leaks):
     script = (
@@ -202,7 +224,11 @@ def test_signal_to_the_owner_stops_every_process(sig, no_leaks):
     try:
         pids = json.loads(proc.stdout.readline())
         proc.send_signal(sig)
-        proc.wait(timeout=20)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the owner did not exit within 20 s of {sig.name}:\n"
+                        + process_states([proc.pid, *pids.values()]))
     finally:
         proc.kill()
     assert wait_gone(pids.values()) == []

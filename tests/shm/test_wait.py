@@ -137,3 +137,28 @@ def test_an_exception_from_a_signal_handler_ends_the_wait(sem):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert time.monotonic() - start < 1.0
+
+
+def test_a_handler_raising_as_the_signals_are_held_leaves_the_mask_as_it_was(sem, monkeypatch):
+    """CPython runs a pending handler right after pthread_sigmask blocks: its exception must not leave the
+    held signals blocked (they would stay so for the thread and every process it starts)."""
+    import signal
+
+    from shm import wait
+
+    class Alarm(Exception):
+        pass
+
+    real = signal.pthread_sigmask
+
+    def block_then_raise(how, signals):
+        previous = real(how, signals)
+        if how == signal.SIG_BLOCK and signal.SIGALRM in set(signals):
+            raise Alarm                              # as a handler of a signal pending at the block would
+        return previous
+
+    monkeypatch.setattr(wait.signal, "pthread_sigmask", block_then_raise)
+    before = real(signal.SIG_BLOCK, ())
+    with pytest.raises(Alarm):
+        wait._sleep_with_signals_held(sem, 0.01, frozenset({signal.SIGALRM}))
+    assert real(signal.SIG_BLOCK, ()) == before
