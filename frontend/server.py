@@ -74,13 +74,19 @@ async def _start_engine(engine_client, stop: asyncio.Event) -> bool:
         if not started.done():
             started.set_result(True) if error is None else started.set_exception(error)
 
+    def hand_over(error: BaseException | None) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, error)
+        except RuntimeError:        # the server stopped and its loop closed before the start finished
+            pass
+
     def run() -> None:
         try:
             engine_client.start()
         except BaseException as e:  # handed to the event loop, which re-raises it
-            loop.call_soon_threadsafe(settle, e)
+            hand_over(e)
         else:
-            loop.call_soon_threadsafe(settle, None)
+            hand_over(None)
 
     threading.Thread(target=run, name="engine-start", daemon=True).start()
     stopped = asyncio.ensure_future(stop.wait())
