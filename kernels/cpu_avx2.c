@@ -217,15 +217,20 @@ BF16_TARGET static inline __attribute__((always_inline)) void dot_tile(
 
 BF16_TARGET static void dot_rows(const uint16_t *xb, const uint16_t *w, float *y, int64_t M, int64_t n0,
                                  int64_t N, int64_t K, int64_t Kp, const int NR) {
-    int64_t m0 = 0;
-    for (; m0 + BF16_MR <= M; m0 += BF16_MR) dot_tile(xb, w, y, m0, n0, N, K, Kp, BF16_MR, NR);
-    switch (M - m0) {
-    case 5: dot_tile(xb, w, y, m0, n0, N, K, Kp, 5, NR); break;
-    case 4: dot_tile(xb, w, y, m0, n0, N, K, Kp, 4, NR); break;
-    case 3: dot_tile(xb, w, y, m0, n0, N, K, Kp, 3, NR); break;
-    case 2: dot_tile(xb, w, y, m0, n0, N, K, Kp, 2, NR); break;
-    case 1: dot_tile(xb, w, y, m0, n0, N, K, Kp, 1, NR); break;
-    default: break;
+    /* the rows in ceil(M / 6) tiles of near-equal height (8 rows: 4 + 4, not 6 + 2: a two-row tile
+     * loads as many weight vectors per product as it multiplies) */
+    const int64_t tiles = (M + BF16_MR - 1) / BF16_MR;
+    for (int64_t t = 0, m0 = 0; t < tiles; t++) {
+        const int64_t rows = (M - m0) / (tiles - t) + ((M - m0) % (tiles - t) ? 1 : 0);
+        switch (rows) {
+        case 6: dot_tile(xb, w, y, m0, n0, N, K, Kp, 6, NR); break;
+        case 5: dot_tile(xb, w, y, m0, n0, N, K, Kp, 5, NR); break;
+        case 4: dot_tile(xb, w, y, m0, n0, N, K, Kp, 4, NR); break;
+        case 3: dot_tile(xb, w, y, m0, n0, N, K, Kp, 3, NR); break;
+        case 2: dot_tile(xb, w, y, m0, n0, N, K, Kp, 2, NR); break;
+        default: dot_tile(xb, w, y, m0, n0, N, K, Kp, 1, NR); break;
+        }
+        m0 += rows;
     }
 }
 
