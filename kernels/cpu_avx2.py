@@ -42,16 +42,21 @@ def _cache_dir() -> str:
 
 
 @functools.cache
-def _cpu_flags() -> frozenset[str]:
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo; None where there is none to read (not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
             return frozenset(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return frozenset()
+        return None
+
+
+def _has_flags(wanted: tuple[str, ...]) -> bool:
+    return all(flag in (cpu_flags() or ()) for flag in wanted)
 
 
 def _cpu_supported() -> bool:
-    return all(flag in _cpu_flags() for flag in REQUIRED_CPU_FLAGS)
+    return _has_flags(REQUIRED_CPU_FLAGS)
 
 
 def _build(compiler: str) -> str:
@@ -117,9 +122,9 @@ def available() -> bool:
 
 def bf16_dot_possible() -> bool:
     """Whether this CPU has AVX-512 BF16, with which gemm16 multiplies bf16 weights from three rows on with
-    VDPBF16PS (activations rounded to bf16, float32 accumulation: twice the float32 FMA rate) unless
-    RINGSERVE_CPU_BF16_DOT=0."""
-    return all(flag in _cpu_flags() for flag in BF16_DOT_CPU_FLAGS)
+    VDPBF16PS (activations rounded to bf16, float32 accumulation: twice the float32 FMA rate); the library
+    turns that on at load unless RINGSERVE_CPU_BF16_DOT=0."""
+    return _has_flags(BF16_DOT_CPU_FLAGS)
 
 
 def set_bf16_dot(on: bool) -> bool:

@@ -18,7 +18,6 @@ one below ~32 rows on Zen 4).
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -35,22 +34,19 @@ GEMM16_MAX_ROWS = 32
 NATIVE_MATMUL_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
 
 
-@functools.cache
-def _cpu_flags() -> frozenset[str] | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return None                       # not Linux
-
-
 def cpu_has_native_half_matmul(dtype: torch.dtype) -> bool:
     """Whether torch's own matmul in `dtype` runs at speed here (an instruction for it); True where the CPU
     cannot be asked (not Linux/x86: leave torch's choice alone)."""
-    flags = _cpu_flags()
+    flags = cpu_avx2.cpu_flags()
     if flags is None:
         return True
     return any(flag in flags for flag in NATIVE_MATMUL_FLAGS.get(dtype, ()))
+
+
+def keeps_float32_copies(dtype: torch.dtype) -> bool:
+    """Whether an upcast layer of `dtype` multiplies large inputs with a float32 weight copy (no native
+    matmul for the dtype, or RINGSERVE_CPU_UPCAST_MATMUL=1 asking for it) rather than torch's own."""
+    return os.environ.get("RINGSERVE_CPU_UPCAST_MATMUL") == "1" or not cpu_has_native_half_matmul(dtype)
 
 
 def should_upcast(device: torch.device, dtype: torch.dtype) -> bool:
@@ -83,34 +79,41 @@ class UpcastMatmul:
     def upcast(self) -> None:
         self.upcast_done = True
         self.gemm16 = cpu_avx2.available() and self.weight.is_contiguous()
-        if cpu_has_native_half_matmul(self.weight.dtype) and os.environ.get("RINGSERVE_CPU_UPCAST_MATMUL") != "1":
+        if not keeps_float32_copies(self.weight.dtype):
             return
         self.compute_weight = self.weight.detach().float()
         bias = getattr(self, "bias", None)
         self.compute_bias = None if bias is None else bias.detach().float()
 
-    def matmul_float(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor | None:
-        """x @ Wᵀ (+ b) in float32 on the upcast path; None where the layer was not upcast."""
+    def _route(self, rows: int) -> str | None:
+        """How the upcast path multiplies `rows` rows: "gemm16" (the kernels), "copy" (the float32 copy),
+        "native" (torch's 16-bit matmul), or None (not upcast, or too few rows for either matmul)."""
         if not self.upcast_done:
             return None
-        if self.gemm16 and x.shape[0] <= GEMM16_MAX_ROWS:
-            y = cpu_avx2.gemm16(x, self.weight)
-            bias = getattr(self, "bias", None) if with_bias else None
-            return y if bias is None else y.add_(bias)      # a 16-bit bias widens exactly
-        if x.shape[0] < self.upcast_min_rows:
+        if self.gemm16 and rows <= GEMM16_MAX_ROWS:
+            return "gemm16"
+        if rows < self.upcast_min_rows:
             return None
-        if self.compute_weight is None:             # native 16-bit matmul (oneDNN), float32 accumulation
-            bias = getattr(self, "bias", None) if with_bias else None
+        return "native" if self.compute_weight is None else "copy"
+
+    def matmul_float(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor | None:
+        """x @ Wᵀ (+ b) in float32 on the upcast path; None where the layer was not upcast."""
+        route = self._route(x.shape[0])
+        if route == "copy":
+            return F.linear(x.float(), self.compute_weight, self.compute_bias if with_bias else None)
+        bias = getattr(self, "bias", None) if with_bias else None
+        if route == "gemm16":
+            y = cpu_avx2.gemm16(x, self.weight)
+            return y if bias is None else y.add_(bias)      # a 16-bit bias widens exactly
+        if route == "native":                               # oneDNN, float32 accumulation
             return F.linear(x.to(self.weight.dtype), self.weight, bias).float()
-        return F.linear(x.float(), self.compute_weight, self.compute_bias if with_bias else None)
+        return None
 
     def matmul_native16(self, x: torch.Tensor) -> torch.Tensor | None:
         """x @ Wᵀ + b left in the weights' 16-bit dtype where this layer gives x to torch's native 16-bit
         matmul (a large input on a CPU with the dtype's instruction), else None: a caller whose next step
         reads 16 bits anyway (SwiGLU before the down projection) skips widening the product to float32."""
-        if not self.upcast_done or self.compute_weight is not None or x.shape[0] < self.upcast_min_rows:
-            return None
-        if self.gemm16 and x.shape[0] <= GEMM16_MAX_ROWS:
+        if self._route(x.shape[0]) != "native":
             return None
         return F.linear(x.to(self.weight.dtype), self.weight, getattr(self, "bias", None))
 

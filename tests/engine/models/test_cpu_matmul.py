@@ -75,7 +75,7 @@ def test_native_half_matmul_is_asked_per_dtype(monkeypatch, flags, bf16, fp16):
     copies or the kernels (it used to run torch's fp16 matmul, ~10x slower on a 256-token prefill)."""
     from engine.layers import cpu_matmul
 
-    monkeypatch.setattr(cpu_matmul, "_cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.setattr(cpu_avx2, "cpu_flags", lambda: frozenset(flags.split()))
     monkeypatch.delenv("RINGSERVE_CPU_UPCAST_MATMUL", raising=False)
     assert cpu_matmul.cpu_has_native_half_matmul(torch.bfloat16) is bf16
     assert cpu_matmul.cpu_has_native_half_matmul(torch.float16) is fp16
