@@ -43,7 +43,7 @@ def _timed(fn) -> float:
 
 
 @click.command()
-@click.argument("model", type=click.Path(exists=True, file_okay=False))
+@click.argument("model", type=click.Path(exists=True))
 @click.option("--load-format", default="dummy", show_default=True)
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--batch", default=8, show_default=True, help="requests per batch")
