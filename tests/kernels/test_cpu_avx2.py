@@ -16,7 +16,8 @@ needs_bf16_dot = pytest.mark.skipif(not cpu_avx2.bf16_dot_possible(), reason="ne
 
 @pytest.fixture
 def float32_arithmetic():
-    """gemm16 in float32 throughout, also on CPUs where bf16 weights take the AVX-512 BF16 path."""
+    """gemm16 and the attention in float32 throughout, also on CPUs where bf16 weights and caches take the
+    AVX-512 BF16 path."""
     was = cpu_avx2.set_bf16_dot(False)
     yield
     cpu_avx2.set_bf16_dot(was)
@@ -80,7 +81,8 @@ def test_gemm16_rejects_float32_weights():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128), (10, 2, 40),
                                                                      (6, 2, 72)])
-def test_paged_decode_attention16_matches_the_torch_reference(dtype, num_heads, num_kv_heads, head_dim):
+def test_paged_decode_attention16_matches_the_torch_reference(float32_arithmetic, dtype, num_heads, num_kv_heads,
+                                                             head_dim):
     generator = torch.Generator().manual_seed(num_heads * 100 + head_dim)
     block_size, seq_lens = 4, torch.tensor([1, 5, 17, 33, 8], dtype=torch.int32)
     blocks_per_seq = -(-int(seq_lens.max()) // block_size)
@@ -110,7 +112,7 @@ def test_supports_attention_names_the_layouts_it_cannot_take():
 
 
 @pytest.mark.parametrize("seq_lens", [[333], [3, 400], [0, 130]])
-def test_paged_decode_attention16_splits_the_keys_of_small_batches(seq_lens):
+def test_paged_decode_attention16_splits_the_keys_of_small_batches(float32_arithmetic, seq_lens):
     """Few (request, KV head) tasks: each request's keys are attended in ranges and merged (split-K), with
     ranges left empty where a request is shorter than the split; the result is the reference's."""
     generator = torch.Generator().manual_seed(sum(seq_lens))
@@ -136,7 +138,7 @@ def test_paged_decode_attention16_splits_the_keys_of_small_batches(seq_lens):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_paged_attention16_matches_the_reference_on_mixed_chunks(dtype):
+def test_paged_attention16_matches_the_reference_on_mixed_chunks(float32_arithmetic, dtype):
     """Prefill chunks (one after a cached prefix), decode tokens and padding rows in one batch: causal
     attention as the torch reference computes it."""
     from kernels import paged_attention_torch
@@ -158,3 +160,41 @@ def test_paged_attention16_matches_the_reference_on_mixed_chunks(dtype):
     got = cpu_avx2.paged_attention16(query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, 0.2)
     torch.testing.assert_close(got[:tokens], expected, atol=1e-5, rtol=1e-4)
     assert torch.equal(got[tokens:], torch.zeros_like(got[tokens:]))
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 96),
+                                                                     (10, 2, 40)])
+@pytest.mark.parametrize("seq_lens", [[1, 5, 17, 33, 8], [15, 16, 47], [300]])
+def test_bf16_dot_attention_rounds_the_query_to_bf16(num_heads, num_kv_heads, head_dim, seq_lens):
+    """On AVX-512 BF16 CPUs a bf16 cache is attended with the query rounded to bf16 (VDPBF16PS scores, 16 keys
+    at a time, partial groups and split ranges included): the reference on the rounded query, to float32
+    rounding; the fp16 cache and head sizes not a multiple of 32 keep the float32 path."""
+    generator = torch.Generator().manual_seed(num_heads * 100 + head_dim + len(seq_lens))
+    block_size, seq_lens = 16, torch.tensor(seq_lens, dtype=torch.int32)
+    blocks_per_seq = -(-int(seq_lens.max()) // block_size)
+    num_blocks = 1 + len(seq_lens) * blocks_per_seq
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(shape, generator=generator).bfloat16()
+    value_cache = torch.randn(shape, generator=generator).bfloat16()
+    block_tables = (1 + torch.randperm(num_blocks - 1, generator=generator)).view(len(seq_lens), -1).int()
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator)
+    scale = head_dim**-0.5
+    was = cpu_avx2.set_bf16_dot(True)
+    try:
+        got = cpu_avx2.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, scale)
+        got_fp16 = cpu_avx2.paged_decode_attention16(query, key_cache.half(), value_cache.half(), seq_lens,
+                                                     block_tables, scale)
+    finally:
+        cpu_avx2.set_bf16_dot(was)
+    exact = paged_decode_attention_torch(query, key_cache.float(), value_cache.float(), seq_lens, block_tables, scale)
+    if head_dim % 32 == 0:
+        rounded = paged_decode_attention_torch(query.bfloat16().float(), key_cache.float(), value_cache.float(),
+                                               seq_lens, block_tables, scale)
+        torch.testing.assert_close(got, rounded, atol=1e-5, rtol=1e-4)
+        assert not torch.allclose(got, exact, atol=1e-6, rtol=1e-6)      # the bf16 path really ran
+    else:
+        torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-4)
+    fp16_exact = paged_decode_attention_torch(query, key_cache.half().float(), value_cache.half().float(), seq_lens,
+                                              block_tables, scale)
+    torch.testing.assert_close(got_fp16, fp16_exact, atol=1e-5, rtol=1e-4)
