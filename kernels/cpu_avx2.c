@@ -664,6 +664,43 @@ void paged_decode_attention16(const float *q, const uint16_t *key_cache, const u
     free(part_max);
 }
 
+/* ---------------------------------------------------------------- SiLU-and-mul of bf16 rows (AVX-512 BF16)
+ * Where bf16 is native, the SwiGLU gate comes out of torch's matmul in bf16 (cpu_matmul.matmul_native16):
+ * one pass over it instead of torch's three, rounding where torch's bf16 ops round. */
+BF16_TARGET static inline __m512 load16_bf16(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+BF16_TARGET static inline void store16_bf16(uint16_t *p, __m512 v, __mmask16 m) {
+    _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+BF16_TARGET static inline __m512 round_bf16(__m512 v) {       /* float32 -> bf16 -> float32 */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+static inline __mmask16 tail16(int64_t left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u); }
+
+/* x [T, 2I] = [gate | up] bf16 -> out [T, I] = bf16(bf16(silu(gate)) * up) */
+BF16_TARGET void silu_and_mul_bf16(const uint16_t *x, uint16_t *out, int64_t T, int64_t I, int num_threads) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < T; r++) {
+        const uint16_t *g = x + r * 2 * I, *u = g + I;
+        uint16_t *o = out + r * I;
+        for (int64_t i = 0; i < I; i += 16) {
+            const __mmask16 m = tail16(I - i);
+            const __m512 gv = load16_bf16(g + i, m);
+            const __m512 neg = _mm512_sub_ps(_mm512_setzero_ps(), gv);
+            const __m256 hi = exp8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(neg), 1)));
+            const __m512 e = _mm512_castpd_ps(_mm512_insertf64x4(
+                _mm512_castps_pd(_mm512_castps256_ps512(exp8(_mm512_castps512_ps256(neg)))), _mm256_castps_pd(hi), 1));
+            const __m512 silu = round_bf16(_mm512_div_ps(gv, _mm512_add_ps(one, e)));
+            store16_bf16(o + i, _mm512_mul_ps(silu, load16_bf16(u + i, m)), m);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- a whole decode step's layers */
 
 /* One decoder layer's 16-bit tensors (NULL where the model has none) and its paged KV cache. */
@@ -736,6 +773,55 @@ static void silu_mul_rows(const float *gu, float *out, int64_t T, int64_t I) {
             _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
         }
         for (; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* The eager path's elementwise ops for float32 activations (16-bit models on the CPU), rows in parallel:
+ * RMSNorm with the residual add fused (residual == NULL: none; else sum_out = x + residual is normalised)
+ * and SiLU-and-mul; the arithmetic of the torch references in float32, one pass a row. */
+void rms_norm_f32(const float *x, const float *residual, const uint16_t *w, float *out, float *sum_out, int64_t T,
+                  int64_t n, float eps, int is_bf16, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < T; r++) {
+        const float *src = x + r * n;
+        if (residual) {
+            float *s = sum_out + r * n;
+            const float *res = residual + r * n;
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(s + i, _mm256_add_ps(_mm256_loadu_ps(src + i), _mm256_loadu_ps(res + i)));
+            for (; i < n; i++) s[i] = src[i] + res[i];
+            src = s;
+        }
+        rms_norm_rows(src, w, out + r * n, 1, n, eps, is_bf16);
+    }
+}
+
+void silu_and_mul_f32(const float *x, float *out, int64_t T, int64_t I, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < T; r++) silu_mul_rows(x + r * 2 * I, out + r * I, 1, I);
+}
+
+/* RoPE of x [T, H, D] (rows row_stride floats apart, heads contiguous) by kernels.rotary.rope_rows' factors
+ * [2, T, D] ((cos, cos) and (-sin, sin)) into out [T, H, D]: x * c + swapped halves * s, each product
+ * rounded before the sum as torch's two products and a sum are. D % 16 == 0. */
+void rope_f32(const float *x, int64_t row_stride, const float *factors, float *out, int64_t T, int64_t H, int64_t D,
+              int num_threads) {
+    const int64_t half = D / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = factors + t * D, *s = factors + (T + t) * D;
+        for (int64_t h = 0; h < H; h++) {
+            const float *xh = x + t * row_stride + h * D;
+            float *o = out + (t * H + h) * D;
+            for (int64_t i = 0; i < half; i += 8) {
+                const __m256 x1 = _mm256_loadu_ps(xh + i), x2 = _mm256_loadu_ps(xh + half + i);
+                _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_mul_ps(x1, _mm256_loadu_ps(c + i)),
+                                                      _mm256_mul_ps(x2, _mm256_loadu_ps(s + i))));
+                _mm256_storeu_ps(o + half + i, _mm256_add_ps(_mm256_mul_ps(x2, _mm256_loadu_ps(c + half + i)),
+                                                             _mm256_mul_ps(x1, _mm256_loadu_ps(s + half + i))));
+            }
+        }
     }
 }
 

@@ -109,6 +109,13 @@ def _library() -> ctypes.CDLL | None:
                                              ctypes.c_float, ctypes.c_int, ctypes.c_int]
     lib.decode_forward16.restype = None
     lib.decode_forward16.argtypes = [ctypes.POINTER(_Model), ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_int]
+    lib.rms_norm_f32.restype = None
+    lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    lib.rope_f32.restype = None
+    lib.rope_f32.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    for name in ("silu_and_mul_f32", "silu_and_mul_bf16"):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = [ptr, ptr, i64, i64, ctypes.c_int]
     lib.set_bf16_dot.restype = ctypes.c_int
     lib.set_bf16_dot.argtypes = [ctypes.c_int]
     lib.set_bf16_dot(int(bf16_dot_possible() and os.environ.get("RINGSERVE_CPU_BF16_DOT", "1") != "0"))
@@ -125,6 +132,68 @@ def bf16_dot_possible() -> bool:
     VDPBF16PS (activations rounded to bf16, float32 accumulation: twice the float32 FMA rate); the library
     turns that on at load unless RINGSERVE_CPU_BF16_DOT=0."""
     return _has_flags(BF16_DOT_CPU_FLAGS)
+
+
+def _cpu_rows(t: torch.Tensor | None, dtype: torch.dtype) -> bool:
+    return t is None or (t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous())
+
+
+def takes_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> bool:
+    """Whether rms_norm() takes these: float32 rows (and residual), a 16-bit weight, all contiguous CPU
+    tensors (the eager path of 16-bit models on the CPU), with the kernels available."""
+    return (_cpu_rows(x, torch.float32) and _cpu_rows(residual, torch.float32) and weight.dtype in SUPPORTED
+            and _cpu_rows(weight, weight.dtype) and weight.dim() == 1 and available())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """kernels.rms_norm_torch where takes_rms_norm(): one pass a row, rows in parallel; the same float32
+    arithmetic (sums of squares in another order: a different last bit now and then)."""
+    n = weight.shape[0]
+    if x.shape[-1] != n or (residual is not None and residual.shape != x.shape):
+        raise ValueError(f"rms_norm: x {tuple(x.shape)}, residual "
+                         f"{None if residual is None else tuple(residual.shape)}, weight ({n},)")
+    out = torch.empty_like(x)
+    total = None if residual is None else torch.empty_like(x)
+    _library().rms_norm_f32(x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+                            out.data_ptr(), 0 if total is None else total.data_ptr(), x.numel() // n, n, eps,
+                            int(weight.dtype == torch.bfloat16), torch.get_num_threads())
+    return out if residual is None else (out, total)
+
+
+def takes_silu_and_mul(x: torch.Tensor) -> bool:
+    """Whether silu_and_mul() takes x: contiguous float32 CPU rows, or bf16 ones on a CPU with AVX-512 BF16
+    (where torch's matmul hands the SwiGLU gate over in bf16), with the kernels available."""
+    return ((_cpu_rows(x, torch.float32) or (_cpu_rows(x, torch.bfloat16) and bf16_dot_possible()))
+            and x.dim() >= 1 and x.shape[-1] % 2 == 0 and available())
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """kernels.silu_and_mul_torch where takes_silu_and_mul(): one pass, rows in parallel; bf16 rounds where
+    torch's bf16 ops round (after the SiLU and after the product)."""
+    width = x.shape[-1]
+    out = torch.empty(*x.shape[:-1], width // 2, dtype=x.dtype)
+    kernel = _library().silu_and_mul_bf16 if x.dtype == torch.bfloat16 else _library().silu_and_mul_f32
+    kernel(x.data_ptr(), out.data_ptr(), x.numel() // max(width, 1), width // 2, torch.get_num_threads())
+    return out
+
+
+def takes_rope(factors: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether rope() takes x [T, H, D] (float32 on the CPU, each row's heads contiguous, D % 16 == 0) and
+    kernels.rotary.rope_rows' factors [2, T, 1, D] (contiguous float32), with the kernels available."""
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 3 and x.shape[-1] % 16 == 0
+            and x.stride(2) == 1 and x.stride(1) == x.shape[2] and _cpu_rows(factors, torch.float32)
+            and factors.shape == (2, x.shape[0], 1, x.shape[2]) and available())
+
+
+def rope(factors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """kernels.rotary.rotate_with_rows where takes_rope(): one pass, rows in parallel, the same float32
+    products and sums; x may be a row slice of a wider tensor (q and k inside the fused qkv output)."""
+    num_tokens, heads, dim = x.shape
+    out = torch.empty(num_tokens, heads, dim, dtype=torch.float32)
+    _library().rope_f32(x.data_ptr(), x.stride(0), factors.data_ptr(), out.data_ptr(), num_tokens, heads, dim,
+                        torch.get_num_threads())
+    return out
 
 
 def set_bf16_dot(on: bool) -> bool:

@@ -198,3 +198,68 @@ def test_bf16_dot_attention_rounds_the_query_to_bf16(num_heads, num_kv_heads, he
     fp16_exact = paged_decode_attention_torch(query, key_cache.half().float(), value_cache.half().float(), seq_lens,
                                               block_tables, scale)
     torch.testing.assert_close(got_fp16, fp16_exact, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("rows", "n"), [(1, 576), (7, 40), (33, 19)])
+def test_rms_norm_matches_the_reference_with_and_without_the_residual(weight_dtype, rows, n):
+    """The eager path's RMSNorm (float32 rows, 16-bit weight, vector tails): kernels.rms_norm sends these to
+    the C kernel, which computes the reference's float32 arithmetic."""
+    import kernels
+    from kernels import rms_norm_torch
+
+    generator = torch.Generator().manual_seed(rows * n)
+    x, residual = torch.randn(2, rows, n, generator=generator) * 3
+    weight = (1 + 0.1 * torch.randn(n, generator=generator)).to(weight_dtype)
+    assert cpu_avx2.takes_rms_norm(x, weight, residual)
+    got, total = kernels.rms_norm(x, weight, 1e-6, residual)
+    expected, expected_total = rms_norm_torch(x, weight, 1e-6, residual)
+    assert torch.equal(total, expected_total) and total.data_ptr() not in (x.data_ptr(), residual.data_ptr())
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-6), rms_norm_torch(x, weight, 1e-6), atol=2e-6,
+                               rtol=2e-6)
+    assert not cpu_avx2.takes_rms_norm(x.bfloat16(), weight, None)                  # 16-bit rows: torch
+    assert not cpu_avx2.takes_rms_norm(torch.zeros(rows, 2 * n)[:, ::2], weight, None)      # not contiguous
+    with pytest.raises(ValueError, match="rms_norm"):
+        cpu_avx2.rms_norm(x[:, :-1].contiguous(), weight, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "width"), [(1, 3072), (5, 38), (17, 2)])
+def test_silu_and_mul_matches_the_reference(dtype, rows, width):
+    """float32 rows everywhere, bf16 ones (rounded after the SiLU and after the product, as torch's bf16
+    ops round) where AVX-512 BF16 makes bf16 matmuls native."""
+    import kernels
+    from kernels import silu_and_mul_torch
+
+    if dtype == torch.bfloat16 and not cpu_avx2.bf16_dot_possible():
+        assert not cpu_avx2.takes_silu_and_mul(torch.zeros(2, 4, dtype=dtype))
+        pytest.skip("bf16 rows take the C kernel only on a CPU with AVX-512 BF16")
+    generator = torch.Generator().manual_seed(rows + width)
+    x = (torch.randn(rows, width, generator=generator) * 4).to(dtype)
+    assert cpu_avx2.takes_silu_and_mul(x)
+    got, expected = kernels.silu_and_mul(x), silu_and_mul_torch(x)
+    assert got.dtype == dtype and got.shape == (rows, width // 2)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    else:           # the same bf16 value, or one step apart where the two exps straddle a rounding boundary
+        torch.testing.assert_close(got.float(), expected.float(), atol=0, rtol=2**-7)
+        assert (got != expected).float().mean() < 0.01
+    assert not cpu_avx2.takes_silu_and_mul(torch.zeros(3, 5))                     # odd width: torch
+
+
+def test_rope_matches_the_reference_on_a_slice_of_the_fused_qkv():
+    """The eager path rotates q and k inside the fused qkv output (rows wider than the heads): same products
+    and sums as rotate_with_rows' torch ops, bit for bit."""
+    from kernels.rotary import rope_cos_sin_cache, rope_rows
+
+    generator = torch.Generator().manual_seed(3)
+    tokens, heads, dim = 37, 5, 32
+    qkv = torch.randn(tokens, heads * dim + 2 * dim, generator=generator)
+    x = qkv[:, : heads * dim].view(tokens, heads, dim)
+    factors = rope_rows(rope_cos_sin_cache(dim, 512, 10000.0, None), torch.randint(0, 512, (tokens,)))
+    assert cpu_avx2.takes_rope(factors, x)
+    swapped = x.unflatten(-1, (2, dim // 2)).flip(-2).flatten(-2)
+    assert torch.equal(cpu_avx2.rope(factors, x), x * factors[0] + swapped * factors[1])
+    assert not cpu_avx2.takes_rope(factors, x.bfloat16())
+    assert not cpu_avx2.takes_rope(factors[:, :-1], x)
