@@ -450,6 +450,12 @@ BF16_TARGET static inline __attribute__((always_inline)) void value_heads16(
 
 #define KEYS16 16
 
+/* a key row and its value row (every KV head of one token) into L2 */
+static inline void prefetch_rows(const uint16_t *key_row, const uint16_t *value_row, int64_t row_bytes) {
+    for (int64_t b = 0; b < row_bytes; b += 64)
+        _mm_prefetch((const char *)key_row + b, _MM_HINT_T1), _mm_prefetch((const char *)value_row + b, _MM_HINT_T1);
+}
+
 BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
                                           const int32_t *table, int64_t first, int64_t S, int64_t Hq, int64_t Hk,
                                           int64_t D, int64_t block_size, float scale, float *scores, float *out,
@@ -463,11 +469,12 @@ BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_ca
     for (int64_t i0 = 0; i0 < S; i0 += KEYS16) {
         const int64_t n = S - i0 < KEYS16 ? S - i0 : KEYS16;
         const uint16_t *rows[KEYS16];
+        /* prefetch as attend_range does: rows found here, requested a few between each query head's dots */
+        const uint16_t *ahead[KEYS16 + PREFETCH_KEYS];
+        int64_t ahead_n = 0, issued = 0, head_done = 0;
         for (const int64_t until = i0 + KEYS16 + PREFETCH_KEYS; pf_i < until && pf_i < S; pf_i++) {
-            const int64_t slot = (int64_t)table[pf_blk] * block_size + pf_off;
+            ahead[ahead_n++] = key_cache + ((int64_t)table[pf_blk] * block_size + pf_off) * row_stride;
             if (++pf_off == block_size) pf_off = 0, pf_blk++;
-            const char *k = (const char *)(key_cache + slot * row_stride), *v = (const char *)(value_cache + slot * row_stride);
-            for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(k + b, _MM_HINT_T1), _mm_prefetch(v + b, _MM_HINT_T1);
         }
         for (int64_t j = 0; j < n; j++) {
             rows[j] = key_cache + ((int64_t)table[blk] * block_size + off) * row_stride;
@@ -476,6 +483,8 @@ BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_ca
         const __mmask16 valid = (__mmask16)(n == 16 ? 0xffffu : (1u << n) - 1u);
         for (int64_t h = 0; h < Hk; h++)
             for (int64_t g = h * group; g < (h + 1) * group; g++) {
+                for (const int64_t upto = (++head_done * ahead_n + Hq - 1) / Hq; issued < upto; issued++)
+                    prefetch_rows(ahead[issued], value_cache + (ahead[issued] - key_cache), row_bytes);
                 const uint16_t *qg = qb + g * D;
                 __m512 acc[KEYS16];
                 for (int j = 0; j < KEYS16; j++) acc[j] = _mm512_setzero_ps();
@@ -530,19 +539,19 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
     /* scores: for eight keys at a time, each KV head's slice widened into L1, then each of its query
      * heads' eight dots reduced together */
     /* The cache offsets of the keys come from a walk of the block table (no divisions); a second walk runs
-     * PREFETCH_KEYS keys ahead and prefetches their key and value rows into L2 (nearer, into L1, or fewer
-     * keys ahead leaves the loads waiting on memory: 15 -> 9 ms for a 16-request step of SmolLM2 on Zen 4). */
+     * PREFETCH_KEYS keys ahead and prefetches their key and value rows into L2, a few rows between each
+     * query head's dot products (nearer, into L1, fewer keys ahead, or all at once leaves the loads waiting
+     * on memory: 15 -> 9 ms for a 16-request step of SmolLM2 on Zen 4). */
     const int64_t row_bytes = row_stride * 2;
     int64_t blk = first / block_size, off = first % block_size;
     int64_t pf_i = 0, pf_blk = blk, pf_off = off;
     for (int64_t i0 = 0; i0 < S; i0 += KEYS) {
         const int64_t n = S - i0 < KEYS ? S - i0 : KEYS;
-        const uint16_t *rows[KEYS];
+        const uint16_t *rows[KEYS], *ahead[KEYS + PREFETCH_KEYS];
+        int64_t ahead_n = 0, issued = 0, head_done = 0;
         for (const int64_t until = i0 + KEYS + PREFETCH_KEYS; pf_i < until && pf_i < S; pf_i++) {
-            const int64_t slot = (int64_t)table[pf_blk] * block_size + pf_off;
+            ahead[ahead_n++] = key_cache + ((int64_t)table[pf_blk] * block_size + pf_off) * row_stride;
             if (++pf_off == block_size) pf_off = 0, pf_blk++;
-            const char *k = (const char *)(key_cache + slot * row_stride), *v = (const char *)(value_cache + slot * row_stride);
-            for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(k + b, _MM_HINT_T1), _mm_prefetch(v + b, _MM_HINT_T1);
         }
         for (int64_t j = 0; j < n; j++) {
             rows[j] = key_cache + ((int64_t)table[blk] * block_size + off) * row_stride;
@@ -556,6 +565,8 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
                     for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, _mm256_setzero_ps());
             }
             for (int64_t g = h * group; g < (h + 1) * group; g++) {
+                for (const int64_t upto = (++head_done * ahead_n + Hq - 1) / Hq; issued < upto; issued++)
+                    prefetch_rows(ahead[issued], value_cache + (ahead[issued] - key_cache), row_bytes);
                 const float *qg = q + g * D;
                 __m256 a[KEYS];
                 for (int j = 0; j < KEYS; j++) a[j] = _mm256_setzero_ps();
