@@ -10,10 +10,14 @@
  *
  * paged_decode_attention16: one query token per request against its keys and values in the paged 16-bit
  * KV cache, read in place through the block table (torch's reference gathers K and V into new tensors and
- * runs SDPA with a mask). Each (request, KV head) task scores its group of query heads against eight keys
- * at a time, takes a float32 softmax and accumulates the values two query heads at a time.
+ * runs SDPA with a mask). Each request's task scores its query heads against eight keys at a time (sixteen
+ * by VDPBF16PS for a bf16 cache on AVX-512 BF16 CPUs), takes a float32 softmax and accumulates the values
+ * up to four query heads at a time.
  *
  * decode_forward16: every layer of a Llama-family decoder for a pure-decode step, in one call.
+ *
+ * rms_norm_f32, rope_f32, silu_and_mul_f32 (and silu_and_mul_bf16): the eager path's elementwise ops on
+ * float32 rows, one pass each, rows in parallel.
  *
  * Threads: OpenMP, in the same runtime as torch's (libgomp, resolved by soname).
  */
