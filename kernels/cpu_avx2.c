@@ -397,6 +397,74 @@ static void softmax_rows(float *scores, int64_t Hq, int64_t S, float *maxs, floa
 
 #define VALUE_CHUNK 128      /* keys whose value rows (every KV head) stay in L2 while each head passes */
 
+/* A walk over a request's cache slots through its block table, one key at a time, without divisions. */
+typedef struct {
+    const int32_t *table;
+    int64_t block_size, blk, off;
+} SlotWalk;
+
+static inline SlotWalk slot_walk(const int32_t *table, int64_t block_size, int64_t first) {
+    return (SlotWalk){table, block_size, first / block_size, first % block_size};
+}
+
+static inline int64_t next_slot(SlotWalk *w) {
+    const int64_t slot = (int64_t)w->table[w->blk] * w->block_size + w->off;
+    if (++w->off == w->block_size) w->off = 0, w->blk++;
+    return slot;
+}
+
+/* The next group of keys [i0, i0 + n) of a request: their cache rows into rows, and the rows of the keys up
+ * to PREFETCH_KEYS further (not yet handed out) into ahead, for the caller to prefetch a few at a time
+ * between its query heads' dot products (all at once they stall on the core's outstanding misses).
+ * Returns how many rows went into ahead. */
+static inline int64_t key_group(SlotWalk *walk, SlotWalk *prefetch, int64_t *prefetched, int64_t i0, int64_t n,
+                                int64_t S, const uint16_t *key_cache, int64_t row_stride, const uint16_t **rows,
+                                const uint16_t **ahead) {
+    int64_t ahead_n = 0;
+    for (; *prefetched < i0 + n + PREFETCH_KEYS && *prefetched < S; (*prefetched)++)
+        ahead[ahead_n++] = key_cache + next_slot(prefetch) * row_stride;
+    for (int64_t j = 0; j < n; j++) rows[j] = key_cache + next_slot(walk) * row_stride;
+    return ahead_n;
+}
+
+typedef void (*ValueHeadsFn)(const uint16_t *value_cache, const int32_t *table, int64_t first, int64_t S,
+                             int64_t block_size, int64_t row_stride, int64_t D, const float *const *p,
+                             float *const *o, int is_bf16, int64_t heads);
+
+static void value_heads_avx2(const uint16_t *vh, const int32_t *table, int64_t first, int64_t S, int64_t block_size,
+                             int64_t row_stride, int64_t D, const float *const *p, float *const *o, int is_bf16,
+                             int64_t heads) {
+    switch (heads) {
+    case 4: value_heads(vh, table, first, S, block_size, row_stride, D, p, o, is_bf16, 4); break;
+    case 3: value_heads(vh, table, first, S, block_size, row_stride, D, p, o, is_bf16, 3); break;
+    case 2: value_heads(vh, table, first, S, block_size, row_stride, D, p, o, is_bf16, 2); break;
+    default: value_heads(vh, table, first, S, block_size, row_stride, D, p, o, is_bf16, 1); break;
+    }
+}
+
+/* out [Hq, D] = sum over the keys [first, first + S) of p [Hq, S] times the values: chunks of keys whose
+ * value rows (every KV head) stay in L2, each KV head's query heads up to four at a time (five as 3 + 2),
+ * through `heads_fn` (the AVX2 or the AVX-512 value pass). Plain C: it calls, but holds, no AVX-512 code. */
+static void accumulate_values(const float *scores, const uint16_t *value_cache, const int32_t *table, int64_t first,
+                              int64_t S, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size, int is_bf16,
+                              float *out, ValueHeadsFn heads_fn) {
+    const int64_t row_stride = Hk * D, group = Hq / Hk;
+    for (int64_t i = 0; i < Hq * D; i++) out[i] = 0.0f;
+    for (int64_t c0 = 0; c0 < S; c0 += VALUE_CHUNK) {
+        const int64_t n = S - c0 < VALUE_CHUNK ? S - c0 : VALUE_CHUNK;
+        for (int64_t h = 0; h < Hk; h++) {
+            for (int64_t g0 = h * group, end = (h + 1) * group; g0 < end;) {
+                const int64_t left = end - g0, gn = left == 5 ? 3 : (left < 4 ? left : 4);
+                const float *p[4];
+                float *o[4];
+                for (int64_t g = 0; g < gn; g++) p[g] = scores + (g0 + g) * S + c0, o[g] = out + (g0 + g) * D;
+                heads_fn(value_cache + h * D, table, first + c0, n, block_size, row_stride, D, p, o, is_bf16, gn);
+                g0 += gn;
+            }
+        }
+    }
+}
+
 /* attend_range on AVX-512 BF16 CPUs for a bf16 cache (when set_bf16_dot(1) was called and D % 32 == 0):
  * the query rounded to bf16 (as a bf16 model's own attention has it) times the keys in place by VDPBF16PS,
  * 16 keys' dot products reduced together into one vector; the values widened sixteen at a time. The same
@@ -452,6 +520,18 @@ BF16_TARGET static inline __attribute__((always_inline)) void value_heads16(
         value_pass16(value_cache, table, first, S, block_size, row_stride, d0, p, o, GN, 2);
 }
 
+BF16_TARGET static void value_heads_bf16(const uint16_t *vh, const int32_t *table, int64_t first, int64_t S,
+                                         int64_t block_size, int64_t row_stride, int64_t D, const float *const *p,
+                                         float *const *o, int is_bf16, int64_t heads) {
+    (void)is_bf16;                   /* a bf16 cache */
+    switch (heads) {
+    case 4: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 4); break;
+    case 3: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 3); break;
+    case 2: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 2); break;
+    default: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 1); break;
+    }
+}
+
 #define KEYS16 16
 
 /* a key row and its value row (every KV head of one token) into L2 */
@@ -468,22 +548,14 @@ BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_ca
     uint16_t qb[Hq * D];                   /* at most MAX_HEAD_DIM x the heads: a few KB */
     rows_to_bf16(q, qb, Hq, D, D);
     const int64_t row_bytes = row_stride * 2;
-    int64_t blk = first / block_size, off = first % block_size;
-    int64_t pf_i = 0, pf_blk = blk, pf_off = off;
+    SlotWalk walk = slot_walk(table, block_size, first), prefetch = walk;
+    int64_t prefetched = 0;
     for (int64_t i0 = 0; i0 < S; i0 += KEYS16) {
         const int64_t n = S - i0 < KEYS16 ? S - i0 : KEYS16;
-        const uint16_t *rows[KEYS16];
-        /* prefetch as attend_range does: rows found here, requested a few between each query head's dots */
-        const uint16_t *ahead[KEYS16 + PREFETCH_KEYS];
-        int64_t ahead_n = 0, issued = 0, head_done = 0;
-        for (const int64_t until = i0 + KEYS16 + PREFETCH_KEYS; pf_i < until && pf_i < S; pf_i++) {
-            ahead[ahead_n++] = key_cache + ((int64_t)table[pf_blk] * block_size + pf_off) * row_stride;
-            if (++pf_off == block_size) pf_off = 0, pf_blk++;
-        }
-        for (int64_t j = 0; j < n; j++) {
-            rows[j] = key_cache + ((int64_t)table[blk] * block_size + off) * row_stride;
-            if (++off == block_size) off = 0, blk++;
-        }
+        const uint16_t *rows[KEYS16], *ahead[KEYS16 + PREFETCH_KEYS];
+        const int64_t ahead_n = key_group(&walk, &prefetch, &prefetched, i0, n, S, key_cache, row_stride, rows,
+                                          ahead);
+        int64_t issued = 0, head_done = 0;
         const __mmask16 valid = (__mmask16)(n == 16 ? 0xffffu : (1u << n) - 1u);
         for (int64_t h = 0; h < Hk; h++)
             for (int64_t g = h * group; g < (h + 1) * group; g++) {
@@ -503,26 +575,7 @@ BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_ca
             }
     }
     softmax_rows(scores, Hq, S, maxs, sums);
-    for (int64_t i = 0; i < Hq * D; i++) out[i] = 0.0f;
-    for (int64_t c0 = 0; c0 < S; c0 += VALUE_CHUNK) {
-        const int64_t n = S - c0 < VALUE_CHUNK ? S - c0 : VALUE_CHUNK;
-        for (int64_t h = 0; h < Hk; h++) {
-            for (int64_t g0 = h * group, end = (h + 1) * group; g0 < end;) {
-                const int64_t left = end - g0, gn = left == 5 ? 3 : (left < 4 ? left : 4);
-                const float *p[4];
-                float *o[4];
-                for (int64_t g = 0; g < gn; g++) p[g] = scores + (g0 + g) * S + c0, o[g] = out + (g0 + g) * D;
-                const uint16_t *vh = value_cache + h * D;
-                switch (gn) {
-                case 4: value_heads16(vh, table, first + c0, n, block_size, row_stride, D, p, o, 4); break;
-                case 3: value_heads16(vh, table, first + c0, n, block_size, row_stride, D, p, o, 3); break;
-                case 2: value_heads16(vh, table, first + c0, n, block_size, row_stride, D, p, o, 2); break;
-                default: value_heads16(vh, table, first + c0, n, block_size, row_stride, D, p, o, 1); break;
-                }
-                g0 += gn;
-            }
-        }
-    }
+    accumulate_values(scores, value_cache, table, first, S, Hq, Hk, D, block_size, 1, out, value_heads_bf16);
 }
 
 /* One request's query heads q [Hq, D] (float32) against its keys [first, first + S), every KV head in one
@@ -547,20 +600,13 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
      * query head's dot products (nearer, into L1, fewer keys ahead, or all at once leaves the loads waiting
      * on memory: 15 -> 9 ms for a 16-request step of SmolLM2 on Zen 4). */
     const int64_t row_bytes = row_stride * 2;
-    int64_t blk = first / block_size, off = first % block_size;
-    int64_t pf_i = 0, pf_blk = blk, pf_off = off;
+    SlotWalk walk = slot_walk(table, block_size, first), prefetch = walk;
+    int64_t prefetched = 0;
     for (int64_t i0 = 0; i0 < S; i0 += KEYS) {
         const int64_t n = S - i0 < KEYS ? S - i0 : KEYS;
         const uint16_t *rows[KEYS], *ahead[KEYS + PREFETCH_KEYS];
-        int64_t ahead_n = 0, issued = 0, head_done = 0;
-        for (const int64_t until = i0 + KEYS + PREFETCH_KEYS; pf_i < until && pf_i < S; pf_i++) {
-            ahead[ahead_n++] = key_cache + ((int64_t)table[pf_blk] * block_size + pf_off) * row_stride;
-            if (++pf_off == block_size) pf_off = 0, pf_blk++;
-        }
-        for (int64_t j = 0; j < n; j++) {
-            rows[j] = key_cache + ((int64_t)table[blk] * block_size + off) * row_stride;
-            if (++off == block_size) off = 0, blk++;
-        }
+        const int64_t ahead_n = key_group(&walk, &prefetch, &prefetched, i0, n, S, key_cache, row_stride, rows, ahead);
+        int64_t issued = 0, head_done = 0;
         for (int64_t h = 0; h < Hk; h++) {
             for (int64_t j = 0; j < KEYS; j++) {
                 if (j < n)
@@ -586,27 +632,7 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
         }
     }
     softmax_rows(scores, Hq, S, maxs, sums);
-    /* values: chunks of keys, every KV head's query heads (up to four at once) over each chunk */
-    for (int64_t i = 0; i < Hq * D; i++) out[i] = 0.0f;
-    for (int64_t c0 = 0; c0 < S; c0 += VALUE_CHUNK) {
-        const int64_t n = S - c0 < VALUE_CHUNK ? S - c0 : VALUE_CHUNK;
-        for (int64_t h = 0; h < Hk; h++) {
-            for (int64_t g0 = h * group, end = (h + 1) * group; g0 < end;) {
-                const int64_t left = end - g0, gn = left == 5 ? 3 : (left < 4 ? left : 4);
-                const float *p[4];
-                float *o[4];
-                for (int64_t g = 0; g < gn; g++) p[g] = scores + (g0 + g) * S + c0, o[g] = out + (g0 + g) * D;
-                const uint16_t *vh = value_cache + h * D;
-                switch (gn) {
-                case 4: value_heads(vh, table, first + c0, n, block_size, row_stride, D, p, o, is_bf16, 4); break;
-                case 3: value_heads(vh, table, first + c0, n, block_size, row_stride, D, p, o, is_bf16, 3); break;
-                case 2: value_heads(vh, table, first + c0, n, block_size, row_stride, D, p, o, is_bf16, 2); break;
-                default: value_heads(vh, table, first + c0, n, block_size, row_stride, D, p, o, is_bf16, 1); break;
-                }
-                g0 += gn;
-            }
-        }
-    }
+    accumulate_values(scores, value_cache, table, first, S, Hq, Hk, D, block_size, is_bf16, out, value_heads_avx2);
 }
 
 /* q [R, Hq, D] float32; caches [num_blocks, block_size, Hk, D] 16-bit; block_tables [R, max_blocks] int32;
