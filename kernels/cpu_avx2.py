@@ -129,8 +129,9 @@ def available() -> bool:
 
 def bf16_dot_possible() -> bool:
     """Whether this CPU has AVX-512 BF16, with which gemm16 multiplies bf16 weights from three rows on with
-    VDPBF16PS (activations rounded to bf16, float32 accumulation: twice the float32 FMA rate); the library
-    turns that on at load unless RINGSERVE_CPU_BF16_DOT=0."""
+    VDPBF16PS (activations rounded to bf16, float32 accumulation: twice the float32 FMA rate) and the decode
+    attention scores a bf16 cache against the bf16-rounded query (head_dim % 32 == 0); the library turns
+    both on at load unless RINGSERVE_CPU_BF16_DOT=0."""
     return _has_flags(BF16_DOT_CPU_FLAGS)
 
 
@@ -197,7 +198,8 @@ def rope(factors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def set_bf16_dot(on: bool) -> bool:
-    """Turn gemm16's AVX-512 BF16 path on or off (tests pin one arithmetic); returns whether it was on.
+    """Turn the AVX-512 BF16 paths of gemm16 and the attention on or off (tests pin one arithmetic); returns
+    whether they were on.
     On needs bf16_dot_possible(). Only call when available()."""
     if on and not bf16_dot_possible():
         raise RuntimeError("this CPU has no AVX-512 BF16")
