@@ -196,24 +196,38 @@ BF16_TARGET static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* weight rows [n0, n0 + NR) (NR 4 or 1) against MR activation rows from m0; Kp / 32 steps, the weights'
- * tail past K masked to zero (the activations' is zero already) */
+/* weight rows [n0, n0 + NR) (NR 4 or 1) against MR activation rows from m0. bf16 (F16 == 0): xa holds the
+ * rows in bf16, Kp columns each (zero past K), and VDPBF16PS takes 32 products a step, the weights' tail past
+ * K masked to zero. fp16 (F16 == 1): xa holds the float32 rows (K columns), each fp16 weight vector is
+ * widened to float32 (VCVTPH2PS, exact) and multiplied by FMAs, 16 a step: float32 arithmetic throughout. */
 BF16_TARGET static inline __attribute__((always_inline)) void dot_tile(
-        const uint16_t *xb, const uint16_t *w, float *y, int64_t m0, int64_t n0, int64_t N, int64_t K, int64_t Kp,
-        const int MR, const int NR, const int pass, const int passes) {
+        const void *xa, const uint16_t *w, float *y, int64_t m0, int64_t n0, int64_t N, int64_t K, int64_t Kp,
+        const int MR, const int NR, const int pass, const int passes, const int F16) {
+    const uint16_t *xb = xa;
+    const float *xf = xa;
     __m512 acc[BF16_MR][BF16_NR];
     for (int j = 0; j < MR; j++)
         for (int i = 0; i < NR; i++) acc[j][i] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < Kp; k += 32) {
-        const __mmask32 mask = K - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (K - k)) - 1u);
-        __m512i wv[BF16_NR];
-        if (NR == BF16_NR)       /* the tile DOT_AHEAD further on, from memory into L1, spread over passes */
+    for (int64_t k = 0; k < (F16 ? K : Kp); k += F16 ? 16 : 32) {
+        if (NR == BF16_NR && (k & 31) == 0)  /* the tile DOT_AHEAD further on into L1, spread over passes */
             for (int i = pass; i < NR; i += passes)
                 _mm_prefetch((const char *)(w + (n0 + DOT_AHEAD * BF16_NR + i) * K + k), _MM_HINT_T0);
-        for (int i = 0; i < NR; i++) wv[i] = _mm512_maskz_loadu_epi16(mask, w + (n0 + i) * K + k);
-        for (int j = 0; j < MR; j++) {
-            const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xb + (m0 + j) * Kp + k));
-            for (int i = 0; i < NR; i++) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], xv, (__m512bh)wv[i]);
+        if (F16) {
+            const __mmask16 mask = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+            __m512 wv[BF16_NR];
+            for (int i = 0; i < NR; i++) wv[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, w + (n0 + i) * K + k));
+            for (int j = 0; j < MR; j++) {
+                const __m512 xv = _mm512_maskz_loadu_ps(mask, xf + (m0 + j) * K + k);
+                for (int i = 0; i < NR; i++) acc[j][i] = _mm512_fmadd_ps(xv, wv[i], acc[j][i]);
+            }
+        } else {
+            const __mmask32 mask = K - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (K - k)) - 1u);
+            __m512i wv[BF16_NR];
+            for (int i = 0; i < NR; i++) wv[i] = _mm512_maskz_loadu_epi16(mask, w + (n0 + i) * K + k);
+            for (int j = 0; j < MR; j++) {
+                const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xb + (m0 + j) * Kp + k));
+                for (int i = 0; i < NR; i++) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], xv, (__m512bh)wv[i]);
+            }
         }
     }
     for (int j = 0; j < MR; j++) {
@@ -222,30 +236,51 @@ BF16_TARGET static inline __attribute__((always_inline)) void dot_tile(
     }
 }
 
-BF16_TARGET static void dot_rows(const uint16_t *xb, const uint16_t *w, float *y, int64_t M, int64_t n0,
-                                 int64_t N, int64_t K, int64_t Kp, const int NR) {
+BF16_TARGET static inline __attribute__((always_inline)) void dot_rows(
+        const void *xa, const uint16_t *w, float *y, int64_t M, int64_t n0, int64_t N, int64_t K, int64_t Kp,
+        const int NR, const int F16) {
     /* the rows in ceil(M / 6) tiles of near-equal height (8 rows: 4 + 4, not 6 + 2: a two-row tile
      * loads as many weight vectors per product as it multiplies) */
     const int64_t tiles = (M + BF16_MR - 1) / BF16_MR;
     for (int64_t t = 0, m0 = 0; t < tiles; t++) {
         const int64_t rows = (M - m0) / (tiles - t) + ((M - m0) % (tiles - t) ? 1 : 0);
         switch (rows) {
-        case 6: dot_tile(xb, w, y, m0, n0, N, K, Kp, 6, NR, (int)t, (int)tiles); break;
-        case 5: dot_tile(xb, w, y, m0, n0, N, K, Kp, 5, NR, (int)t, (int)tiles); break;
-        case 4: dot_tile(xb, w, y, m0, n0, N, K, Kp, 4, NR, (int)t, (int)tiles); break;
-        case 3: dot_tile(xb, w, y, m0, n0, N, K, Kp, 3, NR, (int)t, (int)tiles); break;
-        case 2: dot_tile(xb, w, y, m0, n0, N, K, Kp, 2, NR, (int)t, (int)tiles); break;
-        default: dot_tile(xb, w, y, m0, n0, N, K, Kp, 1, NR, (int)t, (int)tiles); break;
+        case 6: dot_tile(xa, w, y, m0, n0, N, K, Kp, 6, NR, (int)t, (int)tiles, F16); break;
+        case 5: dot_tile(xa, w, y, m0, n0, N, K, Kp, 5, NR, (int)t, (int)tiles, F16); break;
+        case 4: dot_tile(xa, w, y, m0, n0, N, K, Kp, 4, NR, (int)t, (int)tiles, F16); break;
+        case 3: dot_tile(xa, w, y, m0, n0, N, K, Kp, 3, NR, (int)t, (int)tiles, F16); break;
+        case 2: dot_tile(xa, w, y, m0, n0, N, K, Kp, 2, NR, (int)t, (int)tiles, F16); break;
+        default: dot_tile(xa, w, y, m0, n0, N, K, Kp, 1, NR, (int)t, (int)tiles, F16); break;
         }
         m0 += rows;
     }
 }
 
-BF16_TARGET static void gemm_bf16_dot(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N,
-                                      int64_t K, int num_threads) {
+BF16_TARGET static void dot_rows_bf16(const void *xa, const uint16_t *w, float *y, int64_t M, int64_t n0, int64_t N,
+                                      int64_t K, int64_t Kp, int NR) {
+    if (NR == BF16_NR) dot_rows(xa, w, y, M, n0, N, K, Kp, BF16_NR, 0);
+    else dot_rows(xa, w, y, M, n0, N, K, Kp, 1, 0);
+}
+
+BF16_TARGET static void dot_rows_f16(const void *xa, const uint16_t *w, float *y, int64_t M, int64_t n0, int64_t N,
+                                     int64_t K, int64_t Kp, int NR) {
+    if (NR == BF16_NR) dot_rows(xa, w, y, M, n0, N, K, Kp, BF16_NR, 1);
+    else dot_rows(xa, w, y, M, n0, N, K, Kp, 1, 1);
+}
+
+/* From three rows on, on AVX-512 BF16 CPUs (when set_bf16_dot(1) was called): bf16 weights by VDPBF16PS,
+ * fp16 weights widened sixteen at a time (AVX-512F) into float32 FMAs; the same tiles, prefetch and chunks. */
+BF16_TARGET static void gemm_avx512(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K,
+                                    int is_bf16, int num_threads) {
     const int64_t Kp = (K + 31) / 32 * 32;
-    uint16_t *xb = aligned_alloc(64, (size_t)(M * Kp * 2 + 63) / 64 * 64);
-    rows_to_bf16(x, xb, M, K, Kp);
+    uint16_t *xb = NULL;
+    if (is_bf16) {
+        xb = aligned_alloc(64, (size_t)(M * Kp * 2 + 63) / 64 * 64);
+        rows_to_bf16(x, xb, M, K, Kp);
+    }
+    const void *xa = is_bf16 ? (const void *)xb : (const void *)x;
+    void (*rows_fn)(const void *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int) =
+        is_bf16 ? dot_rows_bf16 : dot_rows_f16;
     const int64_t tiles = N / BF16_NR;
     /* dynamic chunks of up to DOT_CHUNK tiles, a multiple of the thread count of them, of near-equal size:
      * each streams a long run of the weights (the prefetch above reaches past a chunk's first tiles only
@@ -255,8 +290,8 @@ BF16_TARGET static void gemm_bf16_dot(const float *x, const uint16_t *w, float *
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t c = 0; c < chunks; c++)
         for (int64_t t = c * tiles / chunks; t < (c + 1) * tiles / chunks; t++)
-            dot_rows(xb, w, y, M, t * BF16_NR, N, K, Kp, BF16_NR);
-    for (int64_t n = tiles * BF16_NR; n < N; n++) dot_rows(xb, w, y, M, n, N, K, Kp, 1);
+            rows_fn(xa, w, y, M, t * BF16_NR, N, K, Kp, BF16_NR);
+    for (int64_t n = tiles * BF16_NR; n < N; n++) rows_fn(xa, w, y, M, n, N, K, Kp, 1);
     free(xb);
 }
 
@@ -275,8 +310,8 @@ void gemm16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, i
         }
         return;
     }
-    if (is_bf16 && use_bf16_dot) {
-        gemm_bf16_dot(x, w, y, M, N, K, num_threads);
+    if (use_bf16_dot) {
+        gemm_avx512(x, w, y, M, N, K, is_bf16, num_threads);
         return;
     }
     int64_t pairs = N / 2;

@@ -163,6 +163,23 @@ def test_paged_attention16_matches_the_reference_on_mixed_chunks(float32_arithme
 
 
 @needs_bf16_dot
+@pytest.mark.parametrize(("m", "n", "k"), [(3, 7, 40), (6, 4, 16), (16, 130, 72), (17, 1537, 576), (40, 9, 1000)])
+def test_gemm16_avx512_fp16_path_is_float32_arithmetic(m, n, k):
+    """On AVX-512 BF16 CPUs fp16 weights from three rows on are widened sixteen at a time into float32 FMAs
+    (K and N tails included): the float32 product of the exact fp16 weights, like the AVX2 path."""
+    generator = torch.Generator().manual_seed(m * 7 + n + k)
+    x = torch.randn(m, k, generator=generator)
+    weight = torch.randn(n, k, generator=generator).half()
+    was = cpu_avx2.set_bf16_dot(True)
+    try:
+        got = cpu_avx2.gemm16(x, weight)
+    finally:
+        cpu_avx2.set_bf16_dot(was)
+    expected = F.linear(x.double(), weight.double()).float()
+    torch.testing.assert_close(got, expected, atol=1e-5 * k**0.5, rtol=1e-5)
+
+
+@needs_bf16_dot
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 96),
                                                                      (10, 2, 40)])
 @pytest.mark.parametrize("seq_lens", [[1, 5, 17, 33, 8], [15, 16, 47], [300]])
