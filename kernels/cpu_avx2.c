@@ -175,6 +175,14 @@ int set_bf16_dot(int on) {
     return was;
 }
 
+/* the first `left` of 16 lanes (all 16 from 16 on) */
+static inline __mmask16 tail16(int64_t left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u); }
+
+/* 16 bf16 values (the masked lanes zero) widened to float32 */
+BF16_TARGET static inline __m512 load16_bf16(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
 /* x [M, K] float32 -> xb [M, Kp] bf16 (round to nearest even), zero past K up to Kp (a multiple of 32) */
 BF16_TARGET static void rows_to_bf16(const float *x, uint16_t *xb, int64_t M, int64_t K, int64_t Kp) {
     for (int64_t m = 0; m < M; m++)
@@ -213,7 +221,7 @@ BF16_TARGET static inline __attribute__((always_inline)) void dot_tile(
             for (int i = pass; i < NR; i += passes)
                 _mm_prefetch((const char *)(w + (n0 + DOT_AHEAD * BF16_NR + i) * K + k), _MM_HINT_T0);
         if (F16) {
-            const __mmask16 mask = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+            const __mmask16 mask = tail16(K - k);
             __m512 wv[BF16_NR];
             for (int i = 0; i < NR; i++) wv[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, w + (n0 + i) * K + k));
             for (int j = 0; j < MR; j++) {
@@ -370,6 +378,22 @@ static inline uint16_t narrow1(float v, int is_bf16) {
 #define PREFETCH_KEYS 24      /* with the group in use: 32 keys' rows in flight */
 #endif
 
+/* A walk over a request's cache slots through its block table, one key at a time, without divisions. */
+typedef struct {
+    const int32_t *table;
+    int64_t block_size, blk, off;
+} SlotWalk;
+
+static inline SlotWalk slot_walk(const int32_t *table, int64_t block_size, int64_t first) {
+    return (SlotWalk){table, block_size, first / block_size, first % block_size};
+}
+
+static inline int64_t next_slot(SlotWalk *w) {
+    const int64_t slot = (int64_t)w->table[w->blk] * w->block_size + w->off;
+    if (++w->off == w->block_size) w->off = 0, w->blk++;
+    return slot;
+}
+
 /* Values: o[g][d0 .. d0 + 8 NV) += sum_i p[g][i] v_(first + i)[d0 ..] for GN query heads of a group at
  * once (each value vector widened once for all of them), GN x NV accumulators in registers. */
 static inline __attribute__((always_inline)) void value_pass(
@@ -379,10 +403,9 @@ static inline __attribute__((always_inline)) void value_pass(
     __m256 a[4][4];
     for (int g = 0; g < GN; g++)
         for (int c = 0; c < NV; c++) a[g][c] = _mm256_loadu_ps(o[g] + d0 + 8 * c);
-    int64_t blk = first / block_size, off = first % block_size;     /* walks the block table, no divisions */
+    SlotWalk walk = slot_walk(table, block_size, first);
     for (int64_t i = 0; i < S; i++) {
-        const uint16_t *v = value_cache + ((int64_t)table[blk] * block_size + off) * row_stride + d0;
-        if (++off == block_size) off = 0, blk++;
+        const uint16_t *v = value_cache + next_slot(&walk) * row_stride + d0;
         for (int c = 0; c < NV; c++) {
             __m256 vv = load8(v + 8 * c, is_bf16);
             for (int g = 0; g < GN; g++) a[g][c] = _mm256_fmadd_ps(_mm256_broadcast_ss(p[g] + i), vv, a[g][c]);
@@ -431,22 +454,6 @@ static void softmax_rows(float *scores, int64_t Hq, int64_t S, float *maxs, floa
 }
 
 #define VALUE_CHUNK 128      /* keys whose value rows (every KV head) stay in L2 while each head passes */
-
-/* A walk over a request's cache slots through its block table, one key at a time, without divisions. */
-typedef struct {
-    const int32_t *table;
-    int64_t block_size, blk, off;
-} SlotWalk;
-
-static inline SlotWalk slot_walk(const int32_t *table, int64_t block_size, int64_t first) {
-    return (SlotWalk){table, block_size, first / block_size, first % block_size};
-}
-
-static inline int64_t next_slot(SlotWalk *w) {
-    const int64_t slot = (int64_t)w->table[w->blk] * w->block_size + w->off;
-    if (++w->off == w->block_size) w->off = 0, w->blk++;
-    return slot;
-}
 
 /* The next group of keys [i0, i0 + n) of a request: their cache rows into rows, and the rows of the keys up
  * to PREFETCH_KEYS further (not yet handed out) into ahead, for the caller to prefetch a few at a time
@@ -519,10 +526,6 @@ BF16_TARGET static inline __m512 sums16(__m512 *a) {
                          _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-BF16_TARGET static inline __m512 widen16_bf16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
 /* o[g][d0 .. d0 + 16 NV) += sum_i p[g][i] v_(first + i)[d0 ..] for GN <= 4 query heads, NV <= 4 */
 BF16_TARGET static inline __attribute__((always_inline)) void value_pass16(
     const uint16_t *value_cache, const int32_t *table, int64_t first, int64_t S, int64_t block_size,
@@ -530,14 +533,13 @@ BF16_TARGET static inline __attribute__((always_inline)) void value_pass16(
     __m512 a[4][4];
     for (int g = 0; g < GN; g++)
         for (int c = 0; c < NV; c++) a[g][c] = _mm512_loadu_ps(o[g] + d0 + 16 * c);
-    int64_t blk = first / block_size, off = first % block_size;
+    SlotWalk walk = slot_walk(table, block_size, first);
     for (int64_t i = 0; i < S; i++) {
-        const uint16_t *v = value_cache + ((int64_t)table[blk] * block_size + off) * row_stride + d0;
-        if (++off == block_size) off = 0, blk++;
+        const uint16_t *v = value_cache + next_slot(&walk) * row_stride + d0;
         __m512 pg[4];
         for (int g = 0; g < GN; g++) pg[g] = _mm512_set1_ps(p[g][i]);
         for (int c = 0; c < NV; c++) {
-            const __m512 vv = widen16_bf16(v + 16 * c);
+            const __m512 vv = load16_bf16(v + 16 * c, 0xffff);
             for (int g = 0; g < GN; g++) a[g][c] = _mm512_fmadd_ps(pg[g], vv, a[g][c]);
         }
     }
@@ -569,10 +571,15 @@ BF16_TARGET static void value_heads_bf16(const uint16_t *vh, const int32_t *tabl
 
 #define KEYS16 16
 
-/* a key row and its value row (every KV head of one token) into L2 */
-static inline void prefetch_rows(const uint16_t *key_row, const uint16_t *value_row, int64_t row_bytes) {
-    for (int64_t b = 0; b < row_bytes; b += 64)
-        _mm_prefetch((const char *)key_row + b, _MM_HINT_T1), _mm_prefetch((const char *)value_row + b, _MM_HINT_T1);
+/* Before query head `heads_done` of `heads` (1-based), the rows of key_group's `ahead` not yet requested up
+ * to that head's share: each key row and its value row (every KV head of one token) into L2. */
+static inline void prefetch_share(const uint16_t *const *ahead, int64_t ahead_n, int64_t *issued, int64_t heads_done,
+                                  int64_t heads, const uint16_t *key_cache, const uint16_t *value_cache,
+                                  int64_t row_bytes) {
+    for (const int64_t upto = (heads_done * ahead_n + heads - 1) / heads; *issued < upto; (*issued)++) {
+        const char *k = (const char *)ahead[*issued], *v = (const char *)(value_cache + (ahead[*issued] - key_cache));
+        for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(k + b, _MM_HINT_T1), _mm_prefetch(v + b, _MM_HINT_T1);
+    }
 }
 
 BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
@@ -591,11 +598,10 @@ BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_ca
         const int64_t ahead_n = key_group(&walk, &prefetch, &prefetched, i0, n, S, key_cache, row_stride, rows,
                                           ahead);
         int64_t issued = 0, head_done = 0;
-        const __mmask16 valid = (__mmask16)(n == 16 ? 0xffffu : (1u << n) - 1u);
+        const __mmask16 valid = tail16(n);
         for (int64_t h = 0; h < Hk; h++)
             for (int64_t g = h * group; g < (h + 1) * group; g++) {
-                for (const int64_t upto = (++head_done * ahead_n + Hq - 1) / Hq; issued < upto; issued++)
-                    prefetch_rows(ahead[issued], value_cache + (ahead[issued] - key_cache), row_bytes);
+                prefetch_share(ahead, ahead_n, &issued, ++head_done, Hq, key_cache, value_cache, row_bytes);
                 const uint16_t *qg = qb + g * D;
                 __m512 acc[KEYS16];
                 for (int j = 0; j < KEYS16; j++) acc[j] = _mm512_setzero_ps();
@@ -650,8 +656,7 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
                     for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(keys[j] + d, _mm256_setzero_ps());
             }
             for (int64_t g = h * group; g < (h + 1) * group; g++) {
-                for (const int64_t upto = (++head_done * ahead_n + Hq - 1) / Hq; issued < upto; issued++)
-                    prefetch_rows(ahead[issued], value_cache + (ahead[issued] - key_cache), row_bytes);
+                prefetch_share(ahead, ahead_n, &issued, ++head_done, Hq, key_cache, value_cache, row_bytes);
                 const float *qg = q + g * D;
                 __m256 a[KEYS];
                 for (int j = 0; j < KEYS; j++) a[j] = _mm256_setzero_ps();
@@ -743,10 +748,6 @@ void paged_decode_attention16(const float *q, const uint16_t *key_cache, const u
 /* ---------------------------------------------------------------- SiLU-and-mul of bf16 rows (AVX-512 BF16)
  * Where bf16 is native, the SwiGLU gate comes out of torch's matmul in bf16 (cpu_matmul.matmul_native16):
  * one pass over it instead of torch's three, rounding where torch's bf16 ops round. */
-BF16_TARGET static inline __m512 load16_bf16(const uint16_t *p, __mmask16 m) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-
 BF16_TARGET static inline void store16_bf16(uint16_t *p, __m512 v, __mmask16 m) {
     _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
 }
@@ -754,8 +755,6 @@ BF16_TARGET static inline void store16_bf16(uint16_t *p, __m512 v, __mmask16 m) 
 BF16_TARGET static inline __m512 round_bf16(__m512 v) {       /* float32 -> bf16 -> float32 */
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
 }
-
-static inline __mmask16 tail16(int64_t left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u); }
 
 /* x [T, 2I] = [gate | up] bf16 -> out [T, I] = bf16(bf16(silu(gate)) * up) */
 BF16_TARGET void silu_and_mul_bf16(const uint16_t *x, uint16_t *out, int64_t T, int64_t I, int num_threads) {
