@@ -35,6 +35,25 @@ def test_gemm16_matches_float32_matmul_of_the_same_weights(float32_arithmetic, d
     torch.testing.assert_close(got, expected, atol=1e-4 * k**0.5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 7, 64, 100])
+@pytest.mark.parametrize(("m", "n"), [(1, 1), (1, 5), (2, 23), (1, 1000), (2, 4099)])
+def test_gemm16_one_or_two_rows_cover_every_weight_row_on_any_thread_count(float32_arithmetic, threads, m, n):
+    """At one or two rows the weight rows are shared out by stealing (each thread owns a range, idle ones
+    take from the back of the others'): every output row written, for more threads than rows, ranges shorter
+    and longer than a steal, and thread counts above the kernel's cap of 64."""
+    generator = torch.Generator().manual_seed(threads * 100 + n)
+    x = torch.randn(m, 40, generator=generator)
+    weight = torch.randn(n, 40, generator=generator).bfloat16()
+    out = torch.full((m, n), float("nan"))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cpu_avx2.gemm16(x, weight, out)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(out, F.linear(x, weight.float()), atol=1e-4, rtol=1e-4)
+
+
 def test_gemm16_widens_16_bit_activations_first(float32_arithmetic):
     x = torch.randn(4, 48).bfloat16()
     weight = torch.randn(24, 48).bfloat16()
