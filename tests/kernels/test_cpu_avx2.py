@@ -54,6 +54,26 @@ def test_gemm16_one_or_two_rows_cover_every_weight_row_on_any_thread_count(float
     torch.testing.assert_close(out, F.linear(x, weight.float()), atol=1e-4, rtol=1e-4)
 
 
+@needs_bf16_dot
+@pytest.mark.parametrize("threads", [1, 3, 64, 100])
+@pytest.mark.parametrize(("m", "n"), [(3, 3), (5, 9), (17, 4099)])
+def test_gemm16_avx512_tiles_cover_every_weight_row_on_any_thread_count(threads, m, n):
+    """From three rows on (AVX-512 BF16) the four-row tiles are shared out the same way; the rows past the
+    last whole tile come after."""
+    generator = torch.Generator().manual_seed(threads * 100 + n)
+    x = torch.randn(m, 40, generator=generator)
+    weight = torch.randn(n, 40, generator=generator).bfloat16()
+    out = torch.full((m, n), float("nan"))
+    previous, was = torch.get_num_threads(), cpu_avx2.set_bf16_dot(True)
+    torch.set_num_threads(threads)
+    try:
+        cpu_avx2.gemm16(x, weight, out)
+    finally:
+        torch.set_num_threads(previous)
+        cpu_avx2.set_bf16_dot(was)
+    torch.testing.assert_close(out, F.linear(x.bfloat16().float(), weight.float()), atol=1e-4, rtol=1e-4)
+
+
 def test_gemm16_widens_16_bit_activations_first(float32_arithmetic):
     x = torch.randn(4, 48).bfloat16()
     weight = torch.randn(24, 48).bfloat16()
