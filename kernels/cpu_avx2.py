@@ -34,6 +34,7 @@ REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 BF16_DOT_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")    # VDPBF16PS (e.g. AMD Zen 4)
 SUPPORTED = (torch.bfloat16, torch.float16)
 MAX_GROUP, MAX_HEAD_DIM = 16, 256          # as in cpu_avx2.c
+_bf16_dot = False                          # the library's AVX-512 switch (set_bf16_dot), mirrored here
 
 
 def _cache_dir() -> str:
@@ -118,7 +119,9 @@ def _library() -> ctypes.CDLL | None:
         getattr(lib, name).argtypes = [ptr, ptr, i64, i64, ctypes.c_int]
     lib.set_bf16_dot.restype = ctypes.c_int
     lib.set_bf16_dot.argtypes = [ctypes.c_int]
-    lib.set_bf16_dot(int(bf16_dot_possible() and os.environ.get("RINGSERVE_CPU_BF16_DOT", "1") != "0"))
+    global _bf16_dot
+    _bf16_dot = bf16_dot_possible() and os.environ.get("RINGSERVE_CPU_BF16_DOT", "1") != "0"
+    lib.set_bf16_dot(int(_bf16_dot))
     return lib
 
 
@@ -201,9 +204,17 @@ def set_bf16_dot(on: bool) -> bool:
     """Turn the AVX-512 BF16 paths of gemm16 and the attention on or off (tests pin one arithmetic); returns
     whether they were on.
     On needs bf16_dot_possible(). Only call when available()."""
+    global _bf16_dot
     if on and not bf16_dot_possible():
         raise RuntimeError("this CPU has no AVX-512 BF16")
-    return bool(_library().set_bf16_dot(int(on)))
+    was = bool(_library().set_bf16_dot(int(on)))
+    _bf16_dot = bool(on)
+    return was
+
+
+def bf16_dot_enabled() -> bool:
+    """Whether gemm16 runs its AVX-512 tiles from three rows on (bf16_dot_possible() and not turned off)."""
+    return available() and _bf16_dot
 
 
 def gemm16(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

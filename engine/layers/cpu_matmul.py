@@ -12,8 +12,9 @@ the activations rounded to the weights' dtype as a GPU would), and no float32 co
 Up to `GEMM16_MAX_ROWS` rows (decode batches), where the step is bound by reading the weights, the 16-bit
 weights themselves are multiplied by kernels/cpu_avx2 (AVX2, widened in registers, float32 accumulation:
 the same arithmetic) when it is available: half the bytes of the fp32 copies, and 2-4x faster than torch's
-own bf16 matmul at every batch size up to 16 on this project's AVX2 machine (and than oneDNN's AVX-512 BF16
-one below ~32 rows on Zen 4).
+own bf16 matmul at every batch size up to 16 on this project's AVX2 machine. On AVX-512 BF16 CPUs (Zen 4)
+its AVX-512 tiles take up to `GEMM16_MAX_ROWS_AVX512` rows: they beat oneDNN's bf16 matmul and MKL's
+float32 one up to about 256-384 rows there, so mixed decode + prefill steps stay on them too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,16 @@ from kernels import cpu_avx2
 
 HALF = (torch.bfloat16, torch.float16)
 GEMM16_MAX_ROWS = 32
+# With the AVX-512 tiles (bf16 by VDPBF16PS, fp16 widened into float32 FMAs) the kernels stay ahead further:
+# 30 layers of SmolLM2 on Zen 4, 2 threads, at 64 / 128 / 256 / 384 rows: bf16 42.6 / 80.0 / 150 / 225 ms
+# against oneDNN's bf16 matmul 56.9 / 89.9 / 153 / 226 ms; fp16 85 / 173 / 348 ms against MKL on the
+# float32 copies 115 / 240 / 399 ms. Past this, prefill chunks go to the library matmuls.
+GEMM16_MAX_ROWS_AVX512 = 256
+
+
+def gemm16_max_rows() -> int:
+    """The most rows kernels/cpu_avx2's gemm16 takes here (more go to torch's matmul)."""
+    return GEMM16_MAX_ROWS_AVX512 if cpu_avx2.bf16_dot_enabled() else GEMM16_MAX_ROWS
 
 
 # the /proc/cpuinfo flags that give torch (oneDNN) a fast matmul for each 16-bit type
@@ -64,7 +75,7 @@ def should_upcast(device: torch.device, dtype: torch.dtype) -> bool:
 
 class UpcastMatmul:
     """Mixed into matmul layers: once `upcast()` ran, `self.matmul(x)` takes kernels/cpu_avx2 up to
-    GEMM16_MAX_ROWS rows, and from `upcast_min_rows` rows the fp32 copies (or, where the CPU multiplies the
+    gemm16_max_rows() rows, and from `upcast_min_rows` rows the fp32 copies (or, where the CPU multiplies the
     dtype natively, torch's 16-bit matmul); a single row without the kernels (a batch-1 decode) is a
     matrix-vector product bound by memory, where reading the half-size weights wins (measured on AVX2: the
     151,936 x 256 LM head takes 6 ms per row in bf16 vs 16 ms in fp32, and 38 vs 37 ms at 8 rows; small
@@ -90,7 +101,7 @@ class UpcastMatmul:
         "native" (torch's 16-bit matmul), or None (not upcast, or too few rows for either matmul)."""
         if not self.upcast_done:
             return None
-        if self.gemm16 and rows <= GEMM16_MAX_ROWS:
+        if self.gemm16 and rows <= gemm16_max_rows():
             return "gemm16"
         if rows < self.upcast_min_rows:
             return None

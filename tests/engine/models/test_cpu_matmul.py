@@ -96,7 +96,7 @@ def test_native_bf16_layers_keep_no_float32_copy(tiny_model, monkeypatch):
     copies, copies_model = _logits(path, monkeypatch, "1")
     monkeypatch.delenv("RINGSERVE_CPU_UPCAST_MATMUL")
     monkeypatch.setattr(cpu_matmul, "cpu_has_native_half_matmul", lambda dtype: dtype == torch.bfloat16)
-    monkeypatch.setattr(cpu_matmul, "GEMM16_MAX_ROWS", 2)          # the 8-token prompt takes the native matmul
+    monkeypatch.setattr(cpu_matmul, "gemm16_max_rows", lambda: 2)   # the 8-token prompt takes the native matmul
     config = EngineConfig(model=str(path), dtype="bfloat16", device="cpu").finalize()
     model = load_model(config, device="cpu", progress=False)
     layers = [m for m in model.modules() if isinstance(m, UpcastMatmul)]
