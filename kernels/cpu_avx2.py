@@ -117,6 +117,8 @@ def _library() -> ctypes.CDLL | None:
     for name in ("silu_and_mul_f32", "silu_and_mul_bf16"):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = [ptr, ptr, i64, i64, ctypes.c_int]
+    lib.sample_exp_rows.restype = None
+    lib.sample_exp_rows.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
     lib.set_bf16_dot.restype = ctypes.c_int
     lib.set_bf16_dot.argtypes = [ctypes.c_int]
     global _bf16_dot
@@ -235,6 +237,33 @@ def gemm16(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         out = torch.empty(m, n, dtype=torch.float32)
     lib.gemm16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, n, k, int(weight.dtype == torch.bfloat16),
                torch.get_num_threads())
+    return out
+
+
+def sample_exp_rows(logits: torch.Tensor, rows: torch.Tensor | None, inv_temperature: torch.Tensor,
+                    shift: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of logits (or of logits[rows]) drawn with weights exp(l * inv_temperature - shift),
+    a weight below 1 counting as 0, by inverse CDF with the row's uniform number: int64 [n]. The weights of
+    engine/sample/sampler.py's full-vocabulary rows, in one C pass per row (see cpu_avx2.c).
+
+    logits float32 [S, V] contiguous on the CPU; rows int64 [n] or None (n = S); inv_temperature and shift
+    float32 [n]; uniforms float64 [n] in [0, 1). Only call when available()."""
+    if logits.dtype != torch.float32 or not logits.is_contiguous() or logits.dim() != 2 or logits.is_cuda:
+        raise ValueError("sample_exp_rows needs contiguous float32 [S, V] logits on the CPU")
+    n = logits.shape[0] if rows is None else rows.shape[0]
+    if rows is not None:
+        rows = rows.to(torch.int64).contiguous()
+        if n and (int(rows.min()) < 0 or int(rows.max()) >= logits.shape[0]):
+            raise ValueError("sample_exp_rows: a row index is out of range")
+    inv_temperature = inv_temperature.to(torch.float32).contiguous()
+    shift = shift.to(torch.float32).contiguous()
+    uniforms = uniforms.to(torch.float64).contiguous()
+    if not inv_temperature.shape == shift.shape == uniforms.shape == (n,):
+        raise ValueError(f"sample_exp_rows: inv_temperature, shift and uniforms need shape ({n},)")
+    out = torch.empty(n, dtype=torch.int64)
+    _library().sample_exp_rows(logits.data_ptr(), logits.shape[1], None if rows is None else rows.data_ptr(), n,
+                               inv_temperature.data_ptr(), shift.data_ptr(), uniforms.data_ptr(), out.data_ptr(),
+                               torch.get_num_threads())
     return out
 
 

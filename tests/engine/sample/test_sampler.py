@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+import engine.sample.sampler as sampler_module
 from engine.sample.sampler import NUCLEUS_GUESS, Sampler, apply_logits_processors
 from engine.sample.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
+from kernels import cpu_avx2
 from tests.engine.sample.sampling_stats import (
     fits,
     reference_distribution,
@@ -35,7 +37,16 @@ def _nucleus_size(probs: np.ndarray) -> int:
     return int((probs > 0).sum())
 
 
-def test_temperature_matches_softmax_of_scaled_logits():
+@pytest.fixture(params=["c", "torch"])
+def full_row_draw(request, monkeypatch):
+    """Rows without top-p drawn by kernels/cpu_avx2 (where it runs) and by the torch ops."""
+    if request.param == "c" and not cpu_avx2.available():
+        pytest.skip("kernels/cpu_avx2 does not run here")
+    monkeypatch.setattr(sampler_module, "C_DRAW", request.param == "c")
+    return request.param
+
+
+def test_temperature_matches_softmax_of_scaled_logits(full_row_draw):
     logits = _logits(1.5)
     counts = sample_counts(logits, SamplingParams(temperature=0.7), num_samples=N)
     assert fits(counts, reference_distribution(logits, temperature=0.7))
@@ -346,3 +357,55 @@ def test_sync_free_seeded_rows_repeat_whatever_their_neighbours():
     assert run(["a", "x", "b", "c"], engine_seed=0) == first
     assert run(["x", "c", "x", "b", "a", "x"], engine_seed=1) == first
     assert len(set(first["a"])) > 1                          # each position draws afresh
+
+
+@pytest.mark.skipif(not cpu_avx2.available(), reason="kernels/cpu_avx2 does not run here")
+@pytest.mark.parametrize("vocab", [300, 1003, 49152])
+def test_c_draw_picks_the_torch_paths_tokens(monkeypatch, vocab):
+    """The C draw of rows without top-p (kernels/cpu_avx2.sample_exp_rows) against the torch ops it replaces:
+    the same uniforms give the same tokens, for temperatures, min_p floors, masked tokens, ragged vocabularies,
+    rows among top-k, top-p and greedy rows, step after step."""
+    plain = [SamplingParams(temperature=t) for t in (0.3, 0.7, 1.0, 1.5)]
+    params = [*plain, SamplingParams(temperature=1.0, min_p=0.1), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.8, top_p=0.9),
+              *plain, SamplingParams(temperature=2.0, seed=7)]
+    generator = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(len(params), vocab, generator=generator)
+    logits[1, : vocab // 2] = float("-inf")                     # half the vocabulary masked
+    logits[2, torch.randperm(vocab, generator=generator)[:7]] += 12.0    # a peaked row
+    rows = np.arange(len(params))
+    drawn = {}
+    for path in ("c", "torch"):
+        monkeypatch.setattr(sampler_module, "C_DRAW", path == "c")
+        batch = SamplingBatch(len(params), vocab, torch.device("cpu"), seed=3)
+        for row, p in enumerate(params):
+            batch.add_request(row, p.resolved(), [0], [], [vocab - 1])
+        sampler, tokens = Sampler(), []
+        for _ in range(6):
+            step = sampler(logits.clone(), batch.metadata(rows)).sampled_token_ids
+            batch.append_tokens(rows, step.numpy())
+            tokens.append(step)
+        drawn[path] = torch.stack(tokens)
+    assert torch.equal(drawn["c"], drawn["torch"])
+    assert (drawn["c"][:, 1] >= vocab // 2).all()                 # never a masked token
+    assert len(set(drawn["c"][:, 3].tolist())) > 1                 # and it really samples
+
+
+@pytest.mark.skipif(not cpu_avx2.available(), reason="kernels/cpu_avx2 does not run here")
+def test_c_draw_edges():
+    """Uniforms at the ends pick the first and the last weighted token; a row without weight gives its last
+    token (as the torch path); tokens under the floor (weight < 1) are never picked; rows index the logits."""
+    logits = torch.full((3, 300), float("-inf"))
+    logits[0, [5, 17, 299]] = 0.0
+    logits[1, 40] = 1.0
+    logits[1, 41] = 1.0 - 80.0                     # e^-80 of token 40: under the -70 floor
+    ones, shift = torch.ones(3), torch.tensor([-70.0, 1.0 - 70.0, 0.0])
+    low = cpu_avx2.sample_exp_rows(logits, None, ones, shift, torch.tensor([0.0, 0.999999, 0.5], dtype=torch.float64))
+    high = cpu_avx2.sample_exp_rows(logits, None, ones, shift, torch.tensor([0.999999, 0.999999, 0.5],
+                                                                           dtype=torch.float64))
+    assert low.tolist() == [5, 40, 299] and high.tolist() == [299, 40, 299]
+    picked = cpu_avx2.sample_exp_rows(logits, torch.tensor([1, 0]), ones[:2], shift[[1, 0]],
+                                      torch.tensor([0.5, 0.5], dtype=torch.float64))
+    assert picked.tolist() == [40, 17]
+    with pytest.raises(ValueError, match="out of range"):
+        cpu_avx2.sample_exp_rows(logits, torch.tensor([3]), ones[:1], shift[:1], torch.zeros(1, dtype=torch.float64))
