@@ -19,8 +19,9 @@ a group no row needs costs nothing:
   full rows   (no top-k) exp weights over the whole vocabulary, then a two-level inverse-CDF draw; top-p
               looks for the nucleus among the 64 most likely tokens first and, where it is larger (flat
               distributions), draws by rejection with a rising pivot (FlashInfer's scheme), never sorting V.
-              Without top-p, on a CPU where kernels/cpu_avx2 runs, weights and draw are one C pass per row
-              (`sample_exp_rows`: the same weights and draw, ~0.5 -> ~0.2 ms a step at one row of 49k).
+              Without top-p, on a CPU, a `full_row_draw` given by the executor (kernels/cpu_avx2's
+              `sample_exp_rows`: the same weights and draw in one C pass per row) replaces the torch ops:
+              ~0.5 -> ~0.2 ms a step at one row of 49k.
 Every row draws one uniform number per attempt (engine/sample/metadata.py says where it comes from).
 
 On a GPU a read of a device value on the host drains the stream (review F4), so rows on CUDA take a
@@ -31,6 +32,7 @@ shapes and drawn once (engine/sample/nucleus.py). Either way each row draws from
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +52,6 @@ from engine.sample.vocab_ops import (
     sample_rows,
     topk_rows,
 )
-from kernels import cpu_avx2
 
 NUCLEUS_GUESS = 64           # top-p: candidates tried before the rejection draw over the whole vocabulary
 # Full-vocabulary weights keep tokens within e^70 of the most likely one (or min_p of it): the rest, each
@@ -58,11 +59,8 @@ NUCLEUS_GUESS = 64           # top-p: candidates tried before the rejection draw
 # float32 and "kept" is a single threshold at 1.
 LOG_WEIGHT_FLOOR = -70.0
 _BELOW_ONE = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
-C_DRAW = True          # full-vocabulary rows without top-p drawn by kernels/cpu_avx2 where it runs (tests flip it)
-
-
-def _c_draw_runs(logits: torch.Tensor) -> bool:
-    return C_DRAW and logits.device.type == "cpu" and cpu_avx2.available()
+# (logits [S, V] float32, rows int64 [n] or None, inv_temperature [n], shift [n], uniforms float64 [n]) -> int64 [n]
+FullRowDraw = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -73,10 +71,14 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, sync_free: bool | None = None) -> None:
+    def __init__(self, sync_free: bool | None = None, full_row_draw: FullRowDraw | None = None) -> None:
         """sync_free: take the path that reads nothing back to the host (the GPU's) on any device; None
-        takes it exactly when the logits are on CUDA. Tests force it to check that path on a CPU."""
+        takes it exactly when the logits are on CUDA. Tests force it to check that path on a CPU.
+        full_row_draw: where given, CPU rows without top-k or top-p are drawn by it in one call, with
+        weights exp(l * inv_temperature - shift) (below 1: 0) and the same inverse-CDF draw as the torch ops
+        (the executor passes kernels/cpu_avx2.sample_exp_rows where it runs)."""
         self.sync_free = sync_free
+        self.full_row_draw = full_row_draw
         self._weights = Workspace()      # exp weights of the full-vocabulary rows
         self._scratch = Workspace()      # rejection rounds, logprob ranks
         self._scratch2 = Workspace()
@@ -135,10 +137,10 @@ class Sampler:
         log_floor = torch.full_like(inv_t, LOG_WEIGHT_FLOOR)
         if group.min_p is not None:
             log_floor = torch.maximum(log_floor, group.min_p.log())
-        if group.top_p is None and not sync_free and _c_draw_runs(logits):
-            # the same weights and inverse-CDF draw in one C pass per row (kernels/cpu_avx2.sample_exp_rows)
-            return cpu_avx2.sample_exp_rows(logits, rows, inv_t, row_max * inv_t + log_floor,
-                                            _uniforms(group, logits.device))
+        if group.top_p is None and not sync_free and self.full_row_draw is not None and not logits.is_cuda:
+            # the weights below and sample_rows' draw, in one call (kernels/cpu_avx2.sample_exp_rows)
+            return self.full_row_draw(logits, rows, inv_t, row_max * inv_t + log_floor,
+                                      _uniforms(group, logits.device))
         # The sync-free top-p sorts the weights in whole segments: they sit in a row padded with zeros.
         width = padded_width(vocab) if sync_free and group.top_p is not None else vocab
         padded = self._weights.take(n, width, logits.device)

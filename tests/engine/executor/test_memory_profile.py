@@ -22,3 +22,15 @@ def test_dummy_sample_grows_the_sampler_workspaces_to_the_worst_case(tiny_model)
     assert sampler._weights._buffer.numel() >= rows_by_vocab       # full-vocabulary weights (top-p rows)
     assert sampler._raw._buffer.numel() >= rows_by_vocab           # raw logits kept for logprobs
     assert runner.sampling.generator.bit_generator.state == state
+
+
+def test_cpu_runner_draws_plain_rows_with_the_c_kernel_where_it_runs(tiny_model):
+    """The executor gives its sampler kernels/cpu_avx2's one-pass draw for rows without top-k/top-p on a CPU
+    where the kernels run (tests/engine/sample checks that it draws the torch path's tokens)."""
+    from kernels import cpu_avx2
+
+    config = EngineConfig(model=str(tiny_model("LlamaForCausalLM")), device="cpu", max_num_seqs=4).finalize()
+    runner = ModelRunner(config)
+    runner.load()
+    expected = cpu_avx2.sample_exp_rows if cpu_avx2.available() else None
+    assert runner.sampler.full_row_draw is expected

@@ -81,14 +81,14 @@ def fits(counts: np.ndarray, probs: np.ndarray) -> bool:
 
 def sample_counts(logits: np.ndarray, params: SamplingParams, *, num_samples: int, rows_per_call: int = 2048,
                   prompt: list[int] | None = None, output: list[int] | None = None, seed: int = 0,
-                  sync_free: bool | None = None) -> np.ndarray:
+                  sync_free: bool | None = None, sampler: Sampler | None = None) -> np.ndarray:
     """Token counts from num_samples draws: batches of identical rows (unseeded) through the real sampler
-    (sync_free=True: on the path it takes on a GPU)."""
+    (sync_free=True: on the path it takes on a GPU; or the given sampler)."""
     vocab = len(logits)
     batch = SamplingBatch(rows_per_call, vocab, torch.device("cpu"), seed=seed)
     for row in range(rows_per_call):
         batch.add_request(row, params.resolved(), prompt or [0], output or [], [vocab - 1])
-    sampler = Sampler(sync_free=sync_free)
+    sampler = sampler or Sampler(sync_free=sync_free)
     rows = np.arange(rows_per_call)
     metadata = batch.metadata(rows)
     base = torch.tensor(logits, dtype=torch.float32).expand(rows_per_call, vocab)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-import engine.sample.sampler as sampler_module
 from engine.sample.sampler import NUCLEUS_GUESS, Sampler, apply_logits_processors
 from engine.sample.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
@@ -37,18 +36,14 @@ def _nucleus_size(probs: np.ndarray) -> int:
     return int((probs > 0).sum())
 
 
-@pytest.fixture(params=["c", "torch"])
-def full_row_draw(request, monkeypatch):
-    """Rows without top-p drawn by kernels/cpu_avx2 (where it runs) and by the torch ops."""
-    if request.param == "c" and not cpu_avx2.available():
+@pytest.mark.parametrize("draw", ["torch", "c"])
+def test_temperature_matches_softmax_of_scaled_logits(draw):
+    """Both draws of rows without top-k/top-p: the torch ops and kernels/cpu_avx2's (the executor's on CPUs)."""
+    if draw == "c" and not cpu_avx2.available():
         pytest.skip("kernels/cpu_avx2 does not run here")
-    monkeypatch.setattr(sampler_module, "C_DRAW", request.param == "c")
-    return request.param
-
-
-def test_temperature_matches_softmax_of_scaled_logits(full_row_draw):
     logits = _logits(1.5)
-    counts = sample_counts(logits, SamplingParams(temperature=0.7), num_samples=N)
+    sampler = Sampler(full_row_draw=cpu_avx2.sample_exp_rows if draw == "c" else None)
+    counts = sample_counts(logits, SamplingParams(temperature=0.7), num_samples=N, sampler=sampler)
     assert fits(counts, reference_distribution(logits, temperature=0.7))
     # Catches: temperature ignored, or multiplied instead of divided.
     assert not fits(counts, softmax(logits))
@@ -361,7 +356,7 @@ def test_sync_free_seeded_rows_repeat_whatever_their_neighbours():
 
 @pytest.mark.skipif(not cpu_avx2.available(), reason="kernels/cpu_avx2 does not run here")
 @pytest.mark.parametrize("vocab", [300, 1003, 49152])
-def test_c_draw_picks_the_torch_paths_tokens(monkeypatch, vocab):
+def test_c_draw_picks_the_torch_paths_tokens(vocab):
     """The C draw of rows without top-p (kernels/cpu_avx2.sample_exp_rows) against the torch ops it replaces:
     the same uniforms give the same tokens, for temperatures, min_p floors, masked tokens, ragged vocabularies,
     rows among top-k, top-p and greedy rows, step after step."""
@@ -376,11 +371,10 @@ def test_c_draw_picks_the_torch_paths_tokens(monkeypatch, vocab):
     rows = np.arange(len(params))
     drawn = {}
     for path in ("c", "torch"):
-        monkeypatch.setattr(sampler_module, "C_DRAW", path == "c")
         batch = SamplingBatch(len(params), vocab, torch.device("cpu"), seed=3)
         for row, p in enumerate(params):
             batch.add_request(row, p.resolved(), [0], [], [vocab - 1])
-        sampler, tokens = Sampler(), []
+        sampler, tokens = Sampler(full_row_draw=cpu_avx2.sample_exp_rows if path == "c" else None), []
         for _ in range(6):
             step = sampler(logits.clone(), batch.metadata(rows)).sampled_token_ids
             batch.append_tokens(rows, step.numpy())
