@@ -1,4 +1,4 @@
-"""CPU kernels for 16-bit models on AVX2 (kernels/cpu_avx2.c), built on first use with the system's C
+"""CPU kernels for 16-bit models on AVX2 (kernels/cpu_*.c, kernels/cpu_kernels.h), built on first use with the system's C
 compiler and called through ctypes: `gemm16` (16-bit weights times float32 activations),
 `paged_decode_attention16` / `paged_attention16` (decode and prefill attention read in place from the paged
 16-bit KV cache) and `DecodeStack` (a whole pure-decode step of a Llama-family model in one call).
@@ -11,8 +11,9 @@ half-precision kernels). They are accelerators, never requirements: with no comp
 RINGSERVE_CPU_KERNELS=0, `available()` is False and callers use the torch paths. Each has a test against
 the torch reference (tests/kernels/test_cpu_avx2.py).
 
-The library is cached under ~/.cache/ringserve/kernels by a hash of the source and compiler flags; a
-build takes about a second. It links libgomp by soname, so it shares torch's OpenMP runtime (one thread
+The sources (cpu_gemm.c, cpu_attention.c, cpu_decode.c, cpu_elementwise.c and their header cpu_kernels.h)
+build into one library, cached under ~/.cache/ringserve/kernels by a hash of the sources and compiler
+flags; a build takes about three seconds. It links libgomp by soname, so it shares torch's OpenMP runtime (one thread
 pool) instead of starting a second one.
 """
 
@@ -28,12 +29,15 @@ import tempfile
 
 import torch
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_avx2.c")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = tuple(os.path.join(_HERE, name) for name in
+                ("cpu_gemm.c", "cpu_attention.c", "cpu_decode.c", "cpu_elementwise.c"))
+HEADER = os.path.join(_HERE, "cpu_kernels.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 BF16_DOT_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")    # VDPBF16PS (e.g. AMD Zen 4)
 SUPPORTED = (torch.bfloat16, torch.float16)
-MAX_GROUP, MAX_HEAD_DIM = 16, 256          # as in cpu_avx2.c
+MAX_GROUP, MAX_HEAD_DIM = 16, 256          # as in cpu_attention.c
 _bf16_dot = False                          # the library's AVX-512 switch (set_bf16_dot), mirrored here
 
 
@@ -61,8 +65,11 @@ def _cpu_supported() -> bool:
 
 
 def _build(compiler: str) -> str:
-    with open(SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    text = b""
+    for path in (HEADER, *SOURCES):
+        with open(path, "rb") as f:
+            text += f.read()
+    digest = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:16]
     target = os.path.join(_cache_dir(), f"cpu_avx2-{digest}.so")
     if os.path.isfile(target):
         return target
@@ -70,7 +77,7 @@ def _build(compiler: str) -> str:
     fd, staging = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, SOURCE, "-o", staging], check=True, capture_output=True, timeout=120)
+        subprocess.run([compiler, *FLAGS, *SOURCES, "-o", staging], check=True, capture_output=True, timeout=120)
         os.replace(staging, target)                  # atomic: concurrent builders all end with one file
     finally:
         if os.path.exists(staging):
@@ -244,7 +251,7 @@ def sample_exp_rows(logits: torch.Tensor, rows: torch.Tensor | None, inv_tempera
                     shift: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of logits (or of logits[rows]) drawn with weights exp(l * inv_temperature - shift),
     a weight below 1 counting as 0, by inverse CDF with the row's uniform number: int64 [n]. The weights of
-    engine/sample/sampler.py's full-vocabulary rows, in one C pass per row (see cpu_avx2.c).
+    engine/sample/sampler.py's full-vocabulary rows, in one C pass per row (see cpu_elementwise.c).
 
     logits float32 [S, V] contiguous on the CPU; rows int64 [n] or None (n = S); inv_temperature and shift
     float32 [n]; uniforms float64 [n] in [0, 1). Only call when available()."""
