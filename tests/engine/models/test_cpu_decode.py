@@ -151,3 +151,19 @@ def test_a_cache_the_kernels_cannot_take_falls_back_to_the_eager_path(tiny_model
     logits = runner.step({"a": [9]})["a"]
     assert "kv_cache must be" in (model.cpu_decode.disabled or "")
     assert torch.isfinite(logits).all()
+
+
+def test_the_fused_path_takes_as_many_rows_as_gemm16_does(tiny_model, monkeypatch):
+    """Decode batches up to MAX_ROWS, or up to gemm16's own limit where that is higher (its AVX-512 tiles):
+    the limits shrunk here so that the three requests of _run cross them."""
+    from engine.models import cpu_decode
+
+    model = _load(tiny_model("LlamaForCausalLM"), "bfloat16")
+    calls = _count_fused_calls(monkeypatch)
+    monkeypatch.setattr(cpu_decode, "MAX_ROWS", 2)
+    monkeypatch.setattr(cpu_decode, "gemm16_max_rows", lambda: 2)
+    _run(model, steps=2)
+    assert calls == []                                # 3 rows: over both limits, the eager path
+    monkeypatch.setattr(cpu_decode, "gemm16_max_rows", lambda: 4)
+    _run(model, steps=2)
+    assert calls == [3, 3]
