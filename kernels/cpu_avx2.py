@@ -1,5 +1,5 @@
-"""CPU kernels for 16-bit models on AVX2 (kernels/cpu_*.c, kernels/cpu_kernels.h), built on first use with the system's C
-compiler and called through ctypes: `gemm16` (16-bit weights times float32 activations),
+"""CPU kernels for 16-bit models on AVX2 (kernels/cpu_*.c, kernels/cpu_kernels.h), built on first use with
+the system's C compiler and called through ctypes: `gemm16` (16-bit weights times float32 activations),
 `paged_decode_attention16` / `paged_attention16` (decode and prefill attention read in place from the paged
 16-bit KV cache) and `DecodeStack` (a whole pure-decode step of a Llama-family model in one call).
 
@@ -13,8 +13,8 @@ the torch reference (tests/kernels/test_cpu_avx2.py).
 
 The sources (cpu_gemm.c, cpu_attention.c, cpu_decode.c, cpu_elementwise.c and their header cpu_kernels.h)
 build into one library, cached under ~/.cache/ringserve/kernels by a hash of the sources and compiler
-flags; a build takes about three seconds. It links libgomp by soname, so it shares torch's OpenMP runtime (one thread
-pool) instead of starting a second one.
+flags; a build takes about three seconds. It links libgomp by soname, so it shares torch's OpenMP runtime
+(one thread pool) instead of starting a second one.
 """
 
 from __future__ import annotations
