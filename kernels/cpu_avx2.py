@@ -1,7 +1,8 @@
 """CPU kernels for 16-bit models on AVX2 (kernels/cpu_*.c, kernels/cpu_kernels.h), built on first use with
 the system's C compiler and called through ctypes: `gemm16` (16-bit weights times float32 activations),
 `paged_decode_attention16` / `paged_attention16` (decode and prefill attention read in place from the paged
-16-bit KV cache) and `DecodeStack` (a whole pure-decode step of a Llama-family model in one call).
+16-bit KV cache), `DecodeStack` (a whole pure-decode step of a Llama-family model in one call) and
+`sample_exp_rows` (the sampler's one-pass draw of rows without top-k/top-p).
 
 Why: on x86 CPUs without AVX-512 BF16/AMX, torch's bf16 and fp16 matmuls widen the weights slowly and reach
 ~8 GB/s, below its own fp32 path, while a decode step at small batch is bound by reading the weights; and
