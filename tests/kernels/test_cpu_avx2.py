@@ -4,6 +4,8 @@ using them where they run. Skipped where the kernels cannot run (no AVX2/F16C or
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,17 @@ from kernels import cpu_avx2, paged_decode_attention_torch
 
 pytestmark = pytest.mark.skipif(not cpu_avx2.available(), reason="needs x86 AVX2/FMA/F16C and a C compiler")
 needs_bf16_dot = pytest.mark.skipif(not cpu_avx2.bf16_dot_possible(), reason="needs a CPU with AVX-512 BF16")
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int):
+    """torch's (and so the kernels') thread count set to `count` for the block."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 @pytest.fixture
@@ -45,12 +58,8 @@ def test_gemm16_one_or_two_rows_cover_every_weight_row_on_any_thread_count(float
     x = torch.randn(m, 40, generator=generator)
     weight = torch.randn(n, 40, generator=generator).bfloat16()
     out = torch.full((m, n), float("nan"))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _torch_threads(threads):
         cpu_avx2.gemm16(x, weight, out)
-    finally:
-        torch.set_num_threads(previous)
     torch.testing.assert_close(out, F.linear(x, weight.float()), atol=1e-4, rtol=1e-4)
 
 
@@ -64,12 +73,11 @@ def test_gemm16_avx512_tiles_cover_every_weight_row_on_any_thread_count(threads,
     x = torch.randn(m, 40, generator=generator)
     weight = torch.randn(n, 40, generator=generator).bfloat16()
     out = torch.full((m, n), float("nan"))
-    previous, was = torch.get_num_threads(), cpu_avx2.set_bf16_dot(True)
-    torch.set_num_threads(threads)
+    was = cpu_avx2.set_bf16_dot(True)
     try:
-        cpu_avx2.gemm16(x, weight, out)
+        with _torch_threads(threads):
+            cpu_avx2.gemm16(x, weight, out)
     finally:
-        torch.set_num_threads(previous)
         cpu_avx2.set_bf16_dot(was)
     torch.testing.assert_close(out, F.linear(x.bfloat16().float(), weight.float()), atol=1e-4, rtol=1e-4)
 
@@ -165,12 +173,8 @@ def test_paged_decode_attention16_splits_the_keys_of_small_batches(float32_arith
     value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).bfloat16()
     block_tables = (1 + torch.randperm(num_blocks - 1, generator=generator)).view(len(seq_lens), -1).int()
     query = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)             # four jobs a thread wanted: every case here splits
-    try:
+    with _torch_threads(2):              # four jobs a thread wanted: every case here splits
         got = cpu_avx2.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, 0.125)
-    finally:
-        torch.set_num_threads(previous)
     expected = paged_decode_attention_torch(query, key_cache.float(), value_cache.float(), seq_lens, block_tables,
                                             0.125)
     nonempty = seq_lens > 0
