@@ -1,9 +1,9 @@
 """Serve smoke test: start `ringserve serve` on a free loopback port, wait for /health, send one completion
 and one chat request, check their token counts, then stop the server with SIGTERM and time its exit.
 
-    python -m tools.serve_smoke [--model DIR --load-format dummy --tokenizer DIR] [-- extra serve flags]
+    python -m tools.serve_smoke [MODEL --load-format dummy --tokenizer DIR] [other serve flags]
 
-Without --model it serves the built-in demo model. Prints one JSON object; exit status 1 on any failure.
+Without MODEL it serves the built-in demo model. Prints one JSON object; exit status 1 on any failure.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """On a GPU: greedy generations with CUDA graphs equal eager mode, and equal transformers in bf16 for the
-first tokens with close logprobs (Llama and Qwen3). Skipped without CUDA."""
+first tokens with close logprobs up to a bf16 near-tie (Llama and Qwen3). Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tests.engine.hf_models import tiny_model_fixture  # noqa: F401
 pytestmark = pytest.mark.gpu
 
 FIRST_TOKENS = 8          # bf16 rounding may legitimately split a near-tie later on
+NEAR_TIE = 0.1            # nats between transformers' choice and ours where bf16 may pick either
 
 
 def _prompts(seed: int) -> list[list[int]]:
@@ -45,7 +46,13 @@ def test_cuda_graphs_equal_eager_and_transformers(tiny_model, arch):
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=FIRST_TOKENS, do_sample=False,
                           output_logits=True, return_dict_in_generate=True, pad_token_id=0)
         expected = out.sequences[0, len(prompt):].tolist()
-        assert ours.outputs[0].token_ids[:FIRST_TOKENS] == expected
         for step, token in enumerate(expected):
-            hf_logprob = torch.log_softmax(out.logits[step][0].float(), -1)[token].item()
-            assert abs(ours.outputs[0].logprobs[step][token] - hf_logprob) < 0.05
+            hf_logprobs = torch.log_softmax(out.logits[step][0].float(), -1)
+            chosen = ours.outputs[0].token_ids[step]
+            if chosen != token:
+                # a bf16 near-tie: both engines' choices must be (almost) equally likely under transformers,
+                # and the sequences are no longer comparable after it (seen on an H100: HF's top two at
+                # exactly equal bf16 logits, where float32 picks ours)
+                assert hf_logprobs[token].item() - hf_logprobs[chosen].item() < NEAR_TIE, (prompt, step)
+                break
+            assert abs(ours.outputs[0].logprobs[step][token] - hf_logprobs[token].item()) < 0.05
