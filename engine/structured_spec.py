@@ -86,6 +86,35 @@ def unsupported_schema_features(schema) -> list[str]:
     return sorted(set(found))
 
 
+def external_refs(document) -> list[str]:
+    """The `$ref`s of a schema (or of a structural tag's embedded schemas) that point outside the document:
+    xgrammar would not fetch them and would silently allow any JSON there. References into the document
+    itself ("#", "#/$defs/...") are fine."""
+    found: list[str] = []
+    stack = [document]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key == "$ref" and isinstance(value, str) and not value.startswith("#"):
+                    found.append(value)
+                elif key in _SCHEMA_MAPS and isinstance(value, dict):
+                    stack.extend(value.values())
+                elif key not in _DATA:
+                    stack.append(value)
+    return sorted(set(found))
+
+
+def _refuse_external_refs(name: str, document) -> None:
+    refs = external_refs(document)
+    if refs:
+        shown = ", ".join(repr(ref[:200]) for ref in refs[:3])
+        raise ValueError(f"{name}: the schema refers to another document ($ref {shown}); only references "
+                         "inside the schema itself (\"#\", \"#/$defs/...\") are supported")
+
+
 def with_closed_objects(schema):
     """disable_additional_properties: every object schema without additionalProperties gets false. (xgrammar's
     strict mode, which ringserve always uses, already reads a missing additionalProperties as false; this
@@ -122,6 +151,7 @@ def to_grammar(so: StructuredOutputsParams):
         if kind in ("json", "json_object"):
             schema = {"type": "object"} if kind == "json_object" else _document(so.json)
             if kind == "json":
+                _refuse_external_refs(name, schema)
                 bad = unsupported_schema_features(schema)
                 if bad:
                     raise ValueError(f"{name}: the JSON schema uses features the grammar backend (xgrammar) "
@@ -140,6 +170,7 @@ def to_grammar(so: StructuredOutputsParams):
                                  "rule); Lark grammars are not supported")
             return xgr.Grammar.from_ebnf(so.grammar)
         tag = _document(so.structural_tag)
+        _refuse_external_refs(name, tag)
         if isinstance(tag, dict) and "structures" in tag:     # the legacy {structures, triggers} form
             items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
                      for s in tag["structures"]]
