@@ -14,6 +14,7 @@ from frontend.metrics import ServerMetrics, log_stats_periodically
 class StatsOnly:
     def __init__(self):
         self.stats = SchedulerStats()
+        self.is_dead = False
 
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
@@ -103,3 +104,25 @@ def test_busy_log_line_only_while_busy(caplog):
     assert idle_lines == 0
     line = caplog.records[-1].getMessage()
     assert "Running: 2 reqs" in line and "KV cache usage: 50.0%" in line and "Generation throughput" in line
+
+
+def test_no_busy_log_line_once_the_engine_is_dead(caplog):
+    """The last stats of a dead engine describe requests that failed: the line stops, it does not repeat them."""
+    engine = StatsOnly()
+    metrics = ServerMetrics(engine, "m")
+
+    async def run():
+        task = asyncio.create_task(log_stats_periodically(metrics, 0.05))
+        engine.stats = SchedulerStats(num_running=8, kv_cache_usage=0.5)
+        metrics.generation_tokens += 100
+        await asyncio.sleep(0.08)
+        busy_lines = len(caplog.records)
+        engine.is_dead = True
+        metrics.generation_tokens += 100
+        await asyncio.sleep(0.2)
+        task.cancel()
+        return busy_lines
+
+    with caplog.at_level(logging.INFO, logger="ringserve.metrics"):
+        busy_lines = asyncio.run(run())
+    assert busy_lines >= 1 and len(caplog.records) == busy_lines
