@@ -41,7 +41,7 @@ def test_flags_become_one_server_config(launched, tiny_model):
     assert result.exit_code == 0, result.output
     (config,) = launched
     engine = config.engine
-    assert (config.port, config.api_key, config.shutdown_timeout, config.enable_access_log) == (0, "k", 2.5, True)
+    assert (config.port, config.api_keys, config.shutdown_timeout, config.enable_access_log) == (0, ["k"], 2.5, True)
     assert config.allowed_origins == ["https://a", "https://b", "https://c"] and config.log_level == "warning"
     assert engine.finalized and engine.model_name == "mine" and engine.max_model_len == 256
     assert engine.kv_cache_memory == 2 * GiB and engine.enable_prefix_caching is False
