@@ -114,7 +114,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     async_scheduling: bool = False           # schedule step N+1 while step N runs (vLLM's --async-scheduling)
     # --- structured outputs (engine/core/structured_output.py)
     grammar_compile_timeout_s: float = 10.0  # a compile past this ends its request with an error
-    grammar_compile_threads: int = 2         # compile pool of the scheduler process
+    grammar_compile_workers: int = 2         # compile worker processes of the scheduler (started on demand)
     # --- processes and rings
     in_process: bool = False                 # scheduler and one executor in the caller (debugging, unit tests)
     ring_bytes: int = DEFAULT_RING_BYTES     # the broadcast ring; the others are sized from it; grows
@@ -312,7 +312,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         hold a full-batch mask."""
         if self.grammar_compile_timeout_s <= 0:
             raise ConfigError(f"grammar_compile_timeout_s must be positive, got {self.grammar_compile_timeout_s}")
-        _check_positive("grammar_compile_threads", self.grammar_compile_threads)
+        _check_positive("grammar_compile_workers", self.grammar_compile_workers)
         needed = 2 * (self.grammar_mask_bytes + 64 * self.max_num_seqs)
         if self.ring_bytes == DEFAULT_RING_BYTES and needed > self.ring_bytes:
             self.ring_bytes = -(-needed // (1 << 20)) << 20

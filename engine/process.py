@@ -25,9 +25,10 @@ PR_SET_PDEATHSIG = 1
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def spawn(module: str, args: dict, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(module: str, args: dict, env: dict[str, str] | None = None, pipes: bool = False) -> subprocess.Popen:
     """Start `python -m module` with `args` (JSON-encodable) as its single argument; `env` adds to (or
-    overrides) the environment it inherits (CUDA_VISIBLE_DEVICES for a data-parallel rank)."""
+    overrides) the environment it inherits (CUDA_VISIBLE_DEVICES for a data-parallel rank); `pipes`: talk to
+    it over its stdin and stdout (binary pipes) instead of shared memory."""
     args = dict(args, parent_pid=os.getpid(),
                 pdeathsig=threading.current_thread() is threading.main_thread())
     env = dict(os.environ, **(env or {}))
@@ -36,7 +37,8 @@ def spawn(module: str, args: dict, env: dict[str, str] | None = None) -> subproc
         env["PYTHONPATH"] = _REPO_ROOT + (os.pathsep + path if path else "")
     return subprocess.Popen(
         [sys.executable, "-m", module, json.dumps(args)],
-        stdin=subprocess.DEVNULL, env=env, close_fds=True,
+        stdin=subprocess.PIPE if pipes else subprocess.DEVNULL, stdout=subprocess.PIPE if pipes else None,
+        env=env, close_fds=True,
     )
 
 

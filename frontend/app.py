@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 from starlette.applications import Starlette
@@ -19,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from engine.client.token_bounds import max_chars_per_token
 from engine.client.tokenizer import load_tokenizer, model_generation_defaults
 from engine.outputs import EngineDeadError
 from frontend import version
@@ -39,6 +42,7 @@ from frontend.serving_responses import OpenAIServingResponses
 from frontend.serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger("ringserve.server")
+TOKENIZER_THREADS = 2       # long prompts tokenized at once (each holds memory in proportion to its length)
 
 
 def create_app(engine_client, config: ServerConfig) -> Starlette:
@@ -46,12 +50,17 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
     engine_config = engine_client.config
     tokenizer = load_tokenizer(engine_config)
     metrics = ServerMetrics(engine_client, engine_config.model_name)
+    chars_per_token = max_chars_per_token(tokenizer)
     ctx = ServingContext(
         engine=engine_client, config=config, tokenizer=tokenizer, model_name=engine_config.model_name,
         max_model_len=engine_client.max_model_len, vocab_size=engine_config.vocab_size,
         max_logprobs=engine_config.max_logprobs, generation_defaults=model_generation_defaults(engine_config),
         metrics=metrics, events=RequestEventLog(), token_strings=TokenStrings(tokenizer),
         chat_template=ChatTemplate.for_tokenizer(tokenizer, config.chat_template),
+        chars_per_token=chars_per_token,
+        max_prompt_chars=chars_per_token * engine_client.max_model_len if chars_per_token else None,
+        local_paths=local_paths(engine_config),
+        tokenizer_pool=ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="ringserve-tokenize"),
     )
     completions = OpenAIServingCompletion(ctx)
     chat = OpenAIServingChat(ctx)
@@ -81,7 +90,9 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
     if config.allowed_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
                                      allow_headers=["*"], expose_headers=["x-request-id"]))
-    middleware.append(Middleware(ServerMiddleware, api_key=config.api_key, max_header_bytes=config.max_header_bytes))
+    middleware.append(Middleware(ServerMiddleware, api_keys=config.api_keys, max_header_bytes=config.max_header_bytes,
+                                 listen_host=config.host, allowed_hosts=config.allowed_hosts,
+                                 max_concurrent_requests=config.max_concurrent_requests))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -96,12 +107,27 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             ctx.events.stop()
+            ctx.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers={
         ApiError: _api_error, EngineDeadError: _engine_error, HTTPException: _http_error, Exception: _internal_error,
     })
     app.state.ctx = ctx
     return app
+
+
+def local_paths(config) -> dict[str, str]:
+    """The model's and tokenizer's files and directories on this machine, each mapped to what an error
+    message may show instead: the served model's name."""
+    name = config.model_name
+    paths = {}
+    for path in (config.model, config.tokenizer_path):
+        if path and os.path.isabs(path):
+            paths[path] = name
+            parent = os.path.dirname(path)
+            if os.path.isfile(path) and parent != "/":
+                paths[parent] = name
+    return paths
 
 
 class _Handlers:
@@ -121,8 +147,9 @@ class _Handlers:
 
     async def models(self, request: Request) -> Response:
         ctx = self.ctx
+        # root: the model's name, never where its files live on this machine
         card = {"id": ctx.model_name, "object": "model", "created": self.created, "owned_by": "ringserve",
-                "root": ctx.engine.config.model, "parent": None, "max_model_len": ctx.max_model_len}
+                "root": ctx.model_name, "parent": None, "max_model_len": ctx.max_model_len}
         return json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request: Request) -> Response:
@@ -161,7 +188,7 @@ async def _api_error(request: Request, exc: ApiError) -> Response:
 
 
 async def _engine_error(request: Request, exc: EngineDeadError) -> Response:
-    return error_response(from_engine_error(exc), path=request.url.path)
+    return error_response(from_engine_error(exc, request.app.state.ctx.local_paths), path=request.url.path)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

@@ -39,6 +39,14 @@ class _GenerationTag(jinja2.ext.Extension):
         return caller()
 
 
+class TemplateOutputTooLong(ValueError):
+    """A template's output passed the caller's bound; rendering stopped there (`length`: characters so far)."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(f"the chat template's output passed {length} characters")
+        self.length = length
+
+
 def _raise_exception(message: str):
     raise jinja2.exceptions.TemplateError(message)
 
@@ -51,8 +59,31 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+MAX_REPEAT_ITEMS = 1 << 24      # 'x' * n and [..] * n in a template: at most this many characters or items
+MAX_POWER_EXPONENT = 10_000      # n ** k in a template: a huge k would compute for ever
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, with the two operators that build unbounded values out of small request
+    data (a number in chat_template_kwargs, say) bounded: repetition and integer powers. Jinja's own
+    sandbox already bounds range() (OverflowError past 100,000 items)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "**" and isinstance(right, int) and right > MAX_POWER_EXPONENT and isinstance(left, int) \
+                and abs(left) > 1:
+            raise OverflowError(f"the power's exponent {right} exceeds {MAX_POWER_EXPONENT}")
+        if operator == "*":
+            for sequence, times in ((left, right), (right, left)):
+                if (isinstance(sequence, (str, list, tuple)) and isinstance(times, int)
+                        and len(sequence) * times > MAX_REPEAT_ITEMS):
+                    raise OverflowError(f"repeating a value would make more than {MAX_REPEAT_ITEMS} items")
+        return super().call_binop(context, operator, left, right)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _BoundedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
@@ -94,8 +125,10 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
                continue_final_message: bool = False, extra: dict | None = None,
-               tools: list[dict] | None = None) -> str:
-        """The prompt text; template failures raise ApiError(400) with the template's message."""
+               tools: list[dict] | None = None, max_chars: int | None = None) -> str:
+        """The prompt text; template failures raise ApiError(400) with the template's message. Past
+        `max_chars` characters of output, rendering stops with TemplateOutputTooLong: a template loop over
+        request data (or over a range the sandbox allows) must not build gigabytes."""
         if continue_final_message:
             if add_generation_prompt:
                 raise invalid("continue_final_message and add_generation_prompt cannot both be true",
@@ -107,10 +140,12 @@ class ChatTemplate:
         variables = {**self._special_tokens, **(extra or {}), "messages": messages, "tools": tools,
                      "documents": None, "add_generation_prompt": add_generation_prompt}
         try:
-            text = self._template.render(**variables)
+            text = self._render(variables, max_chars)
+        except TemplateOutputTooLong:
+            raise
         except jinja2.TemplateError as e:
             raise invalid(f"chat template error: {e}", "messages") from None
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as e:
             raise invalid(f"the chat template failed on these messages: {type(e).__name__}: {e}",
                           "messages") from None
         if continue_final_message:
@@ -122,6 +157,18 @@ class ChatTemplate:
             # A template that trims messages also trimmed the final message's trailing space.
             text = text[:at] if text.startswith(_CONTINUE_MARK, at) else text[:at].rstrip()
         return text
+
+
+    def _render(self, variables: dict, max_chars: int | None) -> str:
+        if max_chars is None:
+            return self._template.render(**variables)
+        parts, length = [], 0
+        for part in self._template.generate(**variables):
+            length += len(part)
+            if length > max_chars:
+                raise TemplateOutputTooLong(length)
+            parts.append(part)
+        return "".join(parts)
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:

@@ -104,6 +104,7 @@ class Turn:
     parser: OutputParser
     data_parallel_rank: int | None = None     # X-data-parallel-rank: the engine the request is pinned to
     structured: str | None = None             # the API field of its grammar constraint, if any
+    local_paths: dict | None = None           # paths an engine error may name, and what clients see instead
     created: int = field(default_factory=lambda: int(time.time()))
     text: str = ""
     reasoning: str = ""
@@ -142,7 +143,7 @@ class Turn:
 
     def error(self, e: Exception) -> ApiError:
         """What failed the turn, as the API error it is; an engine-side grammar failure names the field."""
-        error = from_engine_error(e)
+        error = from_engine_error(e, self.local_paths)
         if error.status == 400 and error.param is None and self.structured is not None:
             error.param = self.structured
         return error
@@ -219,7 +220,8 @@ class AgentServing(OpenAIServing):
         [choice] = self.make_choices(request_id, [prompt], [params], 1, arrival, keep_output=False)
         parser = ChatDeltaEvents(ChatOutputParser(options)) if options.active else TextOnly()
         structured_field = _renamed_param(structured_param, names) if structured_param else None
-        return Turn(self.engine, choice, len(prompt), parser, self.data_parallel_rank(request), structured_field)
+        return Turn(self.engine, choice, len(prompt), parser, self.data_parallel_rank(request), structured_field,
+                    self.ctx.local_paths)
 
     async def count_prompt_tokens(self, chat: ChatCompletionRequest) -> int:
         """Tokens of the prompt `chat` renders to (count_tokens, with the tools the template is given)."""

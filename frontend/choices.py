@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from engine.client.detokenizer import Detokenizer
+from engine.errors import request_error
 from engine.outputs import RequestDelta, TokenLogprobs
 from engine.sampling_params import SamplingParams
 from frontend.metrics import ServerMetrics
@@ -135,7 +136,7 @@ async def stream_choice(engine, choice: Choice, *, priority: int = 0, cache_salt
         async for delta in stream:
             if delta.finish_reason == "error":      # this request alone failed in the engine (its grammar)
                 choice.process(delta)
-                raise ValueError(delta.error or "the request failed in the engine")
+                raise request_error(delta.error or "the request failed in the engine")
             text = choice.process(delta)
             yield choice, text, delta
             if choice.finish_reason is not None:

@@ -128,7 +128,9 @@ class _EngineCollector:
 
 
 async def log_stats_periodically(metrics: ServerMetrics, interval: float) -> None:
-    """Every `interval` seconds while there is work: running/waiting, KV use and token throughput."""
+    """Every `interval` seconds while there is work: running/waiting, KV use and token throughput. Nothing
+    once the engine is dead: its last figures would describe requests that have failed (the death itself is
+    logged once, as an error, by the engine client)."""
     last_time = time.monotonic()
     last_prompt, last_generation = metrics.prompt_tokens, metrics.generation_tokens
     while True:
@@ -137,6 +139,8 @@ async def log_stats_periodically(metrics: ServerMetrics, interval: float) -> Non
         stats = metrics.engine.stats
         prompt, generation = metrics.prompt_tokens, metrics.generation_tokens
         busy = stats.num_running or stats.num_waiting or prompt != last_prompt or generation != last_generation
+        if metrics.engine.is_dead:
+            busy = False
         if busy:
             elapsed = max(now - last_time, 1e-9)
             hit_rate = stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else 0.0

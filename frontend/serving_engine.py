@@ -12,6 +12,7 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
@@ -24,21 +25,21 @@ from starlette.types import Send
 from engine.client.detokenizer import Detokenizer, backend_tokenizer
 from engine.outputs import RequestDelta
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
-from frontend.chat_template import ChatTemplate, template_messages
+from frontend.chat_template import ChatTemplate
 from frontend.choices import Choice, ChoiceEvent, merge_streams, stream_choice
 from frontend.config import ServerConfig
 from frontend.errors import ApiError, error_body, from_engine_error, from_validation_error, invalid
 from frontend.logprobs import TokenStrings
 from frontend.metrics import ServerMetrics
 from frontend.profiling import RequestEventLog
-from frontend.protocol import MAX_CHOICES, ChatCompletionRequest, SamplingRequest, TokenizeRequest
+from frontend.prompts import PromptPreparation
+from frontend.protocol import MAX_CHOICES, SamplingRequest
 from frontend.responses import JSON_HEADERS, SSE_DONE, SSE_HEADERS, DisconnectAwareResponse, sse_event
 
 logger = logging.getLogger("ringserve.serving")
 
 T = TypeVar("T")
 _FIELD = re.compile(r"[a-z_]+")
-_INLINE_TOKENIZE_CHARS = 8192
 _TEXT_PROBE = "\x00"                       # stands in for a chunk's text to split it into prebuilt parts
 _TEXT_PROBE_JSON = orjson.dumps(_TEXT_PROBE)
 
@@ -59,6 +60,10 @@ class ServingContext:
     events: RequestEventLog
     token_strings: TokenStrings
     chat_template: ChatTemplate | None
+    max_prompt_chars: int | None = None     # a prompt longer than this is certain to exceed max_model_len
+    chars_per_token: int | None = None      # the most characters one token covers (engine/client/token_bounds)
+    local_paths: dict[str, str] | None = None   # local paths engine errors may name -> what clients see
+    tokenizer_pool: ThreadPoolExecutor | None = None   # where long texts are tokenized, a few at a time
 
 
 @dataclass(slots=True)
@@ -84,7 +89,7 @@ class GenerationJob:
     chat_output: object = None              # chat: the ChatOutputOptions those parsers share
 
 
-class OpenAIServing:
+class OpenAIServing(PromptPreparation):
     object_name = ""                        # "text_completion", "chat.completion.chunk", ...
 
     def __init__(self, ctx: ServingContext):
@@ -92,6 +97,7 @@ class OpenAIServing:
         self.engine = ctx.engine
         backend = backend_tokenizer(ctx.tokenizer)
         self._encode = backend.encode
+        self._encode_batch = backend.encode_batch
         self._decode = backend.decode
 
     # ------------------------------------------------------------------ reading and checking requests
@@ -101,19 +107,18 @@ class OpenAIServing:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-        chunks, size = [], 0
+        timeout = self.ctx.config.body_read_timeout
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
-                chunks.append(chunk)
-        except ClientDisconnect:
-            raise ApiError(400, "the client disconnected while sending the request") from None
+            data = await asyncio.wait_for(_read_body(request, limit), timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {timeout:g} s "
+                                "(--body-read-timeout)") from None
         try:
-            body = msgspec.json.decode(b"".join(chunks), type=kind)
+            body = msgspec.json.decode(data, type=kind)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             raise from_validation_error(e) from None
+        except UnicodeDecodeError as e:
+            raise invalid(f"request body is not valid UTF-8: {e.reason} at byte {e.start} of a string") from None
         except RecursionError:
             raise invalid("request body is nested too deeply") from None
         self.check_model(getattr(body, "model", None))
@@ -139,44 +144,9 @@ class OpenAIServing:
                                 f"got {value!r}", "X-data-parallel-rank")
         return int(value)
 
-    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._encode(text, add_special_tokens=add_special_tokens).ids
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self._decode(ids, skip_special_tokens=skip_special_tokens)
-
-    async def tokenize_prompts(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
-        """Short prompts are tokenized inline; long ones in a worker thread so other streams keep flowing."""
-        if sum(map(len, texts)) < _INLINE_TOKENIZE_CHARS:
-            return [self.tokenize(text, add_special_tokens) for text in texts]
-        return await asyncio.to_thread(lambda: [self.tokenize(text, add_special_tokens) for text in texts])
-
-    async def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool) -> list[int]:
-        """req.messages rendered by the chat template and tokenized, in a worker thread (Jinja is slow)."""
-        return (await self.render_chat(req, add_special_tokens))[1]
-
-    async def render_chat(self, req: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool,
-                          tools: list[dict] | None = None) -> tuple[str, list[int]]:
-        """(prompt text, token ids) of req.messages through the chat template, with the request's
-        chat_template_kwargs over --default-chat-template-kwargs; rendered in a worker thread."""
-        template = self.ctx.chat_template
-        if template is None:
-            raise invalid("this model has no chat template; start the server with --chat-template", "messages")
-        rendered = template_messages(req.messages)
-        extra = {**self.ctx.config.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
-
-        def render() -> tuple[str, list[int]]:
-            text = template.render(rendered, add_generation_prompt=req.add_generation_prompt,
-                                   continue_final_message=req.continue_final_message, extra=extra, tools=tools)
-            return text, self.tokenize(text, add_special_tokens)
-
-        return await asyncio.to_thread(render)
-
-    def check_token_ids(self, ids: list[int], param: str) -> None:
-        vocab = self.ctx.vocab_size
-        if ids and (max(ids) >= vocab or min(ids) < 0):
-            bad = next(t for t in ids if not 0 <= t < vocab)
-            raise invalid(f"token id {bad} is outside the vocabulary [0, {vocab})", param)
+    def engine_error(self, error: Exception) -> ApiError:
+        """What the engine raised for one request, as the API error it is (local paths hidden)."""
+        return from_engine_error(error, self.ctx.local_paths)
 
     def sampling_params(self, req: SamplingRequest, *, logprobs: int | None, prompt_logprobs: int | None,
                         names: dict[str, str],
@@ -304,7 +274,7 @@ class OpenAIServing:
             if job.include_usage:
                 await send({"type": body, "body": sse_event(self._usage_chunk(job)), "more_body": True})
         except Exception as e:  # the stream has started: report in-band, then end it properly
-            error = from_engine_error(e)
+            error = self.engine_error(e)
             if error.status == 500:
                 logger.exception("request %s failed mid-stream", job.response_id)
             await send({"type": body, "body": sse_event(error_body(error.status, error.message)),
@@ -312,10 +282,10 @@ class OpenAIServing:
         await send({"type": body, "body": SSE_DONE, "more_body": False})
 
     async def _send_error(self, send: Send, e: Exception, job: GenerationJob) -> None:
-        error = _with_param(from_engine_error(e), job)
+        error = _with_param(self.engine_error(e), job)
         if error.status == 500:
             logger.exception("request %s failed", job.response_id)
-        await send({"type": "http.response.start", "status": error.status, "headers": JSON_HEADERS})
+        await send({"type": "http.response.start", "status": error.status, "headers": error.headers})
         await send({"type": "http.response.body", "body": orjson.dumps(error_body(error.status, error.message,
                                                                                   error.param)),
                     "more_body": False})
@@ -325,13 +295,14 @@ class OpenAIServing:
             async with aclosing(self._events(job)) as events:
                 async for _ in events:
                     pass
-            status, body = 200, self._response_body(job)
+            status, headers, body = 200, JSON_HEADERS, self._response_body(job)
         except Exception as e:
-            error = _with_param(from_engine_error(e), job)
+            error = _with_param(self.engine_error(e), job)
             if error.status == 500:
                 logger.exception("request %s failed", job.response_id)
-            status, body = error.status, error_body(error.status, error.message, error.param)
-        await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+            status, headers = error.status, error.headers
+            body = error_body(error.status, error.message, error.param)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
 
     def usage(self, job: GenerationJob) -> dict:
@@ -372,6 +343,19 @@ class OpenAIServing:
         """SSE chunks of one step when the output is parsed (chat with tools or reasoning)."""
         raise NotImplementedError
 
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(400, "the client disconnected while sending the request") from None
+    return b"".join(chunks)
 
 
 async def _prepend(first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:

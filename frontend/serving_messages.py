@@ -21,7 +21,7 @@ from starlette.types import Send
 from frontend.anthropic_protocol import CountTokensRequest, MessagesRequest
 from frontend.anthropic_translate import FIELD_NAMES, to_chat_request
 from frontend.chat_turn import REASONING, TEXT, TOOL_CALL, AgentServing, Turn, TurnEvent
-from frontend.errors import anthropic_error_body
+from frontend.errors import ApiError, anthropic_error_body
 from frontend.protocol import JsonSchemaFormat, ResponseFormat
 from frontend.responses import JSON_HEADERS, SSE_HEADERS, DisconnectAwareResponse, json_response
 
@@ -61,10 +61,11 @@ class AnthropicServingMessages(AgentServing):
                 async for event in events:
                     blocks.add(event)
             blocks.close()
-            status, body = 200, self._message(turn, message_id, blocks.content, final=True)
+            status, headers, body = 200, JSON_HEADERS, self._message(turn, message_id, blocks.content, final=True)
         except Exception as e:
-            status, body = _error_body(turn, e, message_id)
-        await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+            error, body = _error_body(turn, e, message_id)
+            status, headers = error.status, error.headers
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
 
     async def _stream(self, turn: Turn, message_id: str, send: Send) -> None:
@@ -72,8 +73,8 @@ class AnthropicServingMessages(AgentServing):
             try:
                 await turn.start()
             except Exception as e:
-                status, body = _error_body(turn, e, message_id)
-                await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+                error, body = _error_body(turn, e, message_id)
+                await send({"type": "http.response.start", "status": error.status, "headers": error.headers})
                 await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
                 return
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
@@ -109,11 +110,11 @@ class AnthropicServingMessages(AgentServing):
         }
 
 
-def _error_body(turn: Turn, e: Exception, message_id: str) -> tuple[int, dict]:
+def _error_body(turn: Turn, e: Exception, message_id: str) -> tuple[ApiError, dict]:
     error = turn.error(e)
     if error.status == 500:
         logger.exception("message %s failed", message_id)
-    return error.status, anthropic_error_body(error.status, error.message, error.param)
+    return error, anthropic_error_body(error.status, error.message, error.param)
 
 
 def _stop_reason(turn: Turn) -> tuple[str, str | None]:

@@ -21,6 +21,7 @@ from starlette.types import Send
 
 from frontend.chat_turn import REASONING, TEXT, TOOL_CALL, AgentServing, Turn, TurnEvent
 from frontend.errors import ApiError, error_body, invalid
+from frontend.middleware import SCOPE_API_KEY
 from frontend.protocol import ChatMessage
 from frontend.response_store import ResponseStore
 from frontend.responses import JSON_HEADERS, SSE_HEADERS, DisconnectAwareResponse, json_response
@@ -40,11 +41,23 @@ def _new_id(prefix: str) -> str:
 
 
 class OpenAIServingResponses(AgentServing):
+    """With several API keys, each key has its own store (its own bounds too): one key's holders can neither
+    read, continue, delete nor evict another key's responses. With one key (or none) there is one store,
+    shared by everyone who may call the server."""
+
     def __init__(self, ctx: ServingContext):
         super().__init__(ctx)
-        config = ctx.config
-        self.store = ResponseStore(config.responses_store_max_entries, config.responses_store_max_bytes,
-                                   config.responses_store_ttl)
+        self._stores: dict[int | None, ResponseStore] = {}
+
+    def store_for(self, request: Request) -> ResponseStore:
+        """The store of the API key the request was authorized with."""
+        key = request.scope.get(SCOPE_API_KEY)
+        store = self._stores.get(key)
+        if store is None:
+            config = self.ctx.config
+            store = self._stores[key] = ResponseStore(config.responses_store_max_entries,
+                                                      config.responses_store_max_bytes, config.responses_store_ttl)
+        return store
 
     async def create_response(self, request: Request) -> DisconnectAwareResponse:
         arrival = time.monotonic()
@@ -53,8 +66,9 @@ class OpenAIServingResponses(AgentServing):
         if req.background:
             raise invalid("background responses are not supported", "background")
         history: list[ChatMessage] = []
+        store = self.store_for(request)
         if req.previous_response_id is not None:
-            previous = self.store.get(req.previous_response_id)
+            previous = store.get(req.previous_response_id)
             if previous is None:
                 raise invalid(f"Previous response with id '{req.previous_response_id}' not found (it was never "
                               "stored, or it expired or was evicted from the store).", "previous_response_id")
@@ -63,13 +77,13 @@ class OpenAIServingResponses(AgentServing):
         chat = to_chat_request(req, history, new_messages)
         response_id = _new_id("resp")
         turn = await self.start_turn(request, chat, arrival, response_id, names=FIELD_NAMES, prompt_param="input")
-        job = _Job(req, response_id, turn, history + new_messages)
+        job = _Job(req, response_id, turn, history + new_messages, store)
         if req.stream:
             return DisconnectAwareResponse(lambda send: self._stream(job, send))
         return DisconnectAwareResponse(lambda send: self._complete(job, send))
 
     async def get_response(self, request: Request) -> Response:
-        entry = self.store.get(request.path_params["response_id"])
+        entry = self.store_for(request).get(request.path_params["response_id"])
         if entry is None:
             raise ApiError(404, f"Response with id '{request.path_params['response_id']}' not found.",
                            "response_id")
@@ -77,7 +91,7 @@ class OpenAIServingResponses(AgentServing):
 
     async def delete_response(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
-        if not self.store.delete(response_id):
+        if not self.store_for(request).delete(response_id):
             raise ApiError(404, f"Response with id '{response_id}' not found.", "response_id")
         return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
@@ -87,11 +101,11 @@ class OpenAIServingResponses(AgentServing):
                 async for event in events:
                     job.items.add(event)
             job.items.close(job.status)
-            status, body = 200, self._finish(job)
+            status, headers, body = 200, JSON_HEADERS, self._finish(job)
         except Exception as e:
             error = _error(job, e)
-            status, body = error.status, error_body(error.status, error.message, error.param)
-        await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+            status, headers, body = error.status, error.headers, error_body(error.status, error.message, error.param)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
 
     async def _stream(self, job: _Job, send: Send) -> None:
@@ -100,7 +114,7 @@ class OpenAIServingResponses(AgentServing):
                 await job.turn.start()
             except Exception as e:
                 error = _error(job, e)
-                await send({"type": "http.response.start", "status": error.status, "headers": JSON_HEADERS})
+                await send({"type": "http.response.start", "status": error.status, "headers": error.headers})
                 await send({"type": "http.response.body", "more_body": False,
                             "body": orjson.dumps(error_body(error.status, error.message, error.param))})
                 return
@@ -138,7 +152,7 @@ class OpenAIServingResponses(AgentServing):
                                 reasoning_content=turn.reasoning or None)
             messages = [*job.messages, reply]
             size = len(orjson.dumps(response)) + len(msgspec.json.encode(messages))
-            if not self.store.put(job.response_id, response, messages, size):
+            if not job.store.put(job.response_id, response, messages, size):
                 logger.warning("response %s (%d bytes) is larger than the whole store; not stored",
                                job.response_id, size)
         return response
@@ -181,8 +195,10 @@ def _error(job: _Job, e: Exception) -> ApiError:
 class _Job:
     """One Responses request on its way: the request, its turn, its output items and stream numbering."""
 
-    def __init__(self, req: ResponsesRequest, response_id: str, turn: Turn, messages: list[ChatMessage]):
+    def __init__(self, req: ResponsesRequest, response_id: str, turn: Turn, messages: list[ChatMessage],
+                 store: ResponseStore):
         self.req = req
+        self.store = store
         self.response_id = response_id
         self.turn = turn
         self.messages = messages

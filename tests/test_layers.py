@@ -39,7 +39,8 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("engine/executor", "engine.executor", ("engine.executor", "engine.sample", "engine.models",
                                              "engine.attention", "engine.layers", "kernels", "shm",
                                              *CONTRACTS), ()),
-    ("engine/core", "engine.core", ("engine.core", "engine.executor.group", "shm", *CONTRACTS), ()),
+    ("engine/core", "engine.core", ("engine.core", "engine.executor.group", "shm", *CONTRACTS),
+     ("engine.client.tokenizer",)),                                     # the grammar compile worker only
     ("engine/client", "engine.client", ("engine.client", "shm", *CONTRACTS),
      ("engine.core.engine_core", "engine.executor.group")),             # in-process mode only
     ("engine/llm.py", "engine.llm", ("engine.client", *CONTRACTS), ()),

@@ -106,6 +106,11 @@ class DPEngineClient:
         for client in self.clients:
             client.shutdown_sync(timeout)
 
+    def fail_unfinished(self, error: EngineDeadError) -> None:
+        """End every engine's unfinished requests with `error` and refuse new ones (shutting down)."""
+        for client in self.clients:
+            client.fail_unfinished(error)
+
     # ------------------------------------------------------------------ state
     @property
     def num_blocks(self) -> int:

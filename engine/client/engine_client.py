@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -50,6 +51,7 @@ from shm.segment import sweep_stale
 from shm.wait import PeerDiedError
 
 READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this often
+logger = logging.getLogger("ringserve.engine")
 
 
 class EngineClient:
@@ -67,6 +69,7 @@ class EngineClient:
         self._by_handle: dict[int, RequestState] = {}
         self._by_id: dict[str, int] = {}
         self._dead: EngineDeadError | None = None
+        self._refusing: EngineDeadError | None = None   # set by fail_unfinished: no new requests either
         self._codec_in = Codec(EngineOut)
         self._codec_out = Codec(RequestIn)
         self._write_lock = threading.Lock()
@@ -157,6 +160,7 @@ class EngineClient:
         self._closed = True
         atexit.unregister(self.shutdown_sync)
         if self._local is not None:
+            self._local.close()
             self._local.executor.shutdown()
             return
         if self._proc.poll() is None and self._dead is None:
@@ -196,6 +200,8 @@ class EngineClient:
     def _check_alive(self) -> None:
         if self._dead is not None:
             raise self._dead
+        if self._refusing is not None:
+            raise self._refusing
         if self._closed:
             raise EngineDeadError("the engine was shut down")
         if not self._started:
@@ -420,9 +426,26 @@ class EngineClient:
         elif isinstance(msg, EngineDead):
             self._set_dead(EngineDeadError(msg.message))
 
+    def fail_unfinished(self, error: EngineDeadError) -> None:
+        """End every unfinished request with `error` (aborted in the engine) and refuse new ones: the
+        server is shutting down and will not wait for them any longer."""
+        self._refusing = error
+        handles = list(self._by_handle)
+        if handles and self._dead is None and not self._closed:
+            try:
+                self._send(AbortRequests(reqs=pack(handles, HANDLE)))
+            except EngineDeadError:
+                pass
+        self._fail_all(error)
+
     def _set_dead(self, error: EngineDeadError) -> None:
         if self._dead is None:
             self._dead = error
+            if not self._closed:
+                rank = self.config.data_parallel_rank
+                where = f"data-parallel engine {rank}: " if self.config.data_parallel_size > 1 else ""
+                logger.error("the engine died: %s%s; its requests failed, /health answers 503 and new requests "
+                             "are refused", where, error)
         self._fail_all(self._dead)
 
     def _fail_all(self, error: EngineDeadError) -> None:

@@ -46,6 +46,7 @@ class EngineCore:
         self.kv_event_publisher = make_publisher(config)   # None unless --kv-events-config asks for it
 
     def close(self) -> None:
+        self.scheduler.grammars.close()
         if self.kv_event_publisher is not None:
             self.kv_event_publisher.shutdown()
             self.kv_event_publisher = None

@@ -26,8 +26,8 @@ def _json_object(ctx, param, value: str | None) -> dict:
     return parsed
 
 
-def _origins(ctx, param, values: tuple[str, ...]) -> list[str]:
-    """--allowed-origins may repeat and may hold a comma-separated list."""
+def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
+    """A flag that may repeat and may hold a comma-separated list (--allowed-origins, --allowed-hosts)."""
     return [origin.strip() for value in values for origin in value.split(",") if origin.strip()]
 
 
@@ -35,12 +35,21 @@ def _origins(ctx, param, values: tuple[str, ...]) -> list[str]:
 @click.argument("model", required=False, default="")
 @click.option("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: all interfaces).")
 @click.option("--port", default=8000, type=click.IntRange(0, 65535), help="Port to listen on (0: any free port).")
-@click.option("--api-key", envvar="RINGSERVE_API_KEY", default=None,
-              help="Require 'Authorization: Bearer KEY' on every route but /health (env RINGSERVE_API_KEY).")
+@click.option("--api-key", envvar="RINGSERVE_API_KEY", multiple=True,
+              help="Require 'Authorization: Bearer KEY' on every route but /health. Prefer the environment "
+                   "variable RINGSERVE_API_KEY: a command line is visible to every local user (ps). Repeat "
+                   "(or separate with spaces in the variable) for several keys, each with its own Responses store.")
 @click.option("--served-model-name", default=None, help="The model name clients use (default: MODEL).")
 @click.option("--chat-template", default=None, help="Chat template file, or the template itself.")
-@click.option("--allowed-origins", multiple=True, callback=_origins,
+@click.option("--allowed-origins", multiple=True, callback=_listed,
               help="CORS origins allowed to call the API (repeat or comma-separate; '*' for any).")
+@click.option("--allowed-hosts", multiple=True, callback=_listed,
+              help="Host header names accepted besides loopback ones (repeat or comma-separate; '*' for any). "
+                   "Default: on a loopback address only loopback names (against DNS rebinding), else any.")
+@click.option("--body-read-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              help="Seconds a client has to send a whole request body (slower clients get 408).")
+@click.option("--max-concurrent-requests", type=click.IntRange(min=1), default=1024,
+              help="HTTP requests in progress at once; more get 503 with Retry-After (/health excepted).")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=5.0,
               help="Seconds in-flight requests may finish after SIGTERM before they are aborted.")
 @click.option("--enable-access-log", is_flag=True, help="Log one line per HTTP request.")
@@ -91,8 +100,10 @@ def _server_config(model: str, options: dict) -> ServerConfig:
     model = model_or_default(model)
     engine = engine_config(model, options, served_model_name=options["served_model_name"] or model or None)
     config = ServerConfig(
-        host=options["host"], port=options["port"], api_key=options["api_key"],
-        allowed_origins=options["allowed_origins"], chat_template=options["chat_template"],
+        host=options["host"], port=options["port"], api_key=list(options["api_key"]) or None,
+        allowed_origins=options["allowed_origins"], allowed_hosts=options["allowed_hosts"],
+        body_read_timeout=options["body_read_timeout"],
+        max_concurrent_requests=options["max_concurrent_requests"], chat_template=options["chat_template"],
         shutdown_timeout=options["shutdown_timeout"], enable_access_log=options["enable_access_log"],
         log_level=options["log_level"], profile_dir=options["profile_dir"],
         responses_store_max_entries=options["responses_store_max_entries"],

@@ -31,6 +31,16 @@ def test_help_lists_the_commands():
     assert serve_help.exit_code == 0 and "--max-model-len" in serve_help.output and "-tp" in serve_help.output
 
 
+def test_keys_from_the_environment_and_the_hardening_flags(launched, tiny_model):
+    result = invoke("serve", str(tiny_model), "--allowed-hosts", "a.example,b.example", "--body-read-timeout", "3",
+                    "--max-concurrent-requests", "7", env={"RINGSERVE_API_KEY": "key-1 key-2"})
+    assert result.exit_code == 0, result.output
+    (config,) = launched
+    assert config.api_keys == ["key-1", "key-2"]
+    assert (config.allowed_hosts, config.body_read_timeout, config.max_concurrent_requests) == \
+        (["a.example", "b.example"], 3.0, 7)
+
+
 def test_flags_become_one_server_config(launched, tiny_model):
     result = invoke("serve", str(tiny_model), "--port", "0", "--host", "127.0.0.1", "--api-key", "k",
                     "--served-model-name", "mine", "--max-model-len", "0.25k", "--kv-cache-memory", "2GiB",
@@ -41,7 +51,7 @@ def test_flags_become_one_server_config(launched, tiny_model):
     assert result.exit_code == 0, result.output
     (config,) = launched
     engine = config.engine
-    assert (config.port, config.api_key, config.shutdown_timeout, config.enable_access_log) == (0, "k", 2.5, True)
+    assert (config.port, config.api_keys, config.shutdown_timeout, config.enable_access_log) == (0, ["k"], 2.5, True)
     assert config.allowed_origins == ["https://a", "https://b", "https://c"] and config.log_level == "warning"
     assert engine.finalized and engine.model_name == "mine" and engine.max_model_len == 256
     assert engine.kv_cache_memory == 2 * GiB and engine.enable_prefix_caching is False

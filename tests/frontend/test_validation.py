@@ -104,7 +104,7 @@ def test_deep_nesting_is_a_400(http):
     depth = 5000
     body = b'{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"a": ' \
            + b"[" * depth + b"]" * depth + b"}}"
-    assert http.post(CHAT, content=body).status_code == 400
+    assert http.post(CHAT, content=body, headers={"content-type": "application/json"}).status_code == 400
 
 
 def test_unknown_model_is_a_404(http):
@@ -192,7 +192,8 @@ def test_body_over_the_limit_is_a_413(small_body_server):
         for _ in range(10):
             yield b"x" * 1000
         yield b'"}'
-    assert_error(small_body_server.post(COMPLETIONS, content=chunked()), 413, None)
+    assert_error(small_body_server.post(COMPLETIONS, content=chunked(), headers={"content-type": "application/json"}),
+                 413, None)
     assert small_body_server.post(COMPLETIONS, json={"prompt": "x" * 100, "max_tokens": 1}).status_code == 200
 
 

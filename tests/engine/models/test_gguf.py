@@ -204,3 +204,16 @@ def test_k_quant_test_blocks_stay_in_a_trained_models_range():
     for qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
         values = dequantize(random_k_blocks(qtype, 64, 512, np.random.default_rng(1)), qtype)
         assert np.isfinite(values).all() and 0.02 < values.std() < 0.3, qtype.name
+
+
+def test_structured_outputs_compile_against_the_gguf_tokenizer(gguf_model):
+    """The grammar compiler loads the tokenizer the way the frontend does: from the GGUF's metadata (it used
+    AutoTokenizer on the .gguf path, which fails: issue 26)."""
+    from engine import StructuredOutputsParams
+
+    path = gguf_model("LlamaForCausalLM", "Q8_0")
+    so = StructuredOutputsParams(choice=["yes", "no"])
+    with LLM(str(path), dtype="float32", in_process=True, max_model_len=256, kv_cache_memory=8 << 20) as llm:
+        out = llm.generate(["Rain?"], SamplingParams(temperature=0, max_tokens=8, structured_outputs=so),
+                           use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.text in ("yes", "no")
