@@ -26,6 +26,7 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
+from frontend.cli.options import model_argument
 from tools.bench_client import ENDPOINT_PATHS, RequestRecord, build_payload, send_request
 from tools.bench_datasets import DATASETS, SampleRequest, sample_prefix_repetition, sample_requests
 from tools.bench_metrics import METRICS, BenchResult, calculate_metrics, format_result, parse_goodput
@@ -352,9 +353,7 @@ def _floats(text: str) -> list[float]:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--base-url", default="http://127.0.0.1:8000", show_default=True, help="The server's base URL.")
-@click.option(
-    "--model", default=None, help="Model name sent in requests (default: the server's first model)."
-)
+@model_argument(default=None, help="Model name sent in requests (default: the server's first model).")
 @click.option("--served-model-name", default=None, help="Name sent in requests when --model is a path.")
 @click.option("--endpoint", type=click.Choice(list(ENDPOINT_PATHS)), default="completions", show_default=True)
 @click.option(
