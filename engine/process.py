@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from engine.config import LOG_FORMAT
 from shm.wait import PeerDiedError
 
 PR_SET_PDEATHSIG = 1
@@ -49,6 +51,12 @@ def child_args() -> dict:
     if os.getppid() != args["parent_pid"]:        # the parent died before prctl took effect
         os._exit(1)
     return args
+
+
+def configure_logging(level: str) -> None:
+    """A child's log lines (its startup notes, chiefly) go to the stderr it shares with the frontend, in the
+    frontend's format and at its level (EngineConfig.log_level)."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
 def parent_check(parent_pid: int, name: str) -> Callable[[], None]:
