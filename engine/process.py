@@ -99,6 +99,30 @@ def kill(popens: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+def children(pid: int) -> list[int]:
+    """The live (not zombie) child processes of `pid`, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (a server's scheduler and executors), from /proc."""
+    out = []
+    for child in children(pid):
+        out += [child, *descendants(child)]
+    return out
+
+
 def error_text(exc: BaseException, limit: int = 2000) -> str:
     """The original error and where it came from, short enough for one message."""
     import traceback

@@ -41,10 +41,13 @@ def ready_line(engine_client, url: str, web_page_path: str | None = None) -> str
     tokens = (engine_client.num_blocks - 1) * config.block_size * config.data_parallel_size   # per engine: min
     parts = [model_summary(config)]
     if config.load_format != "fake":
-        gib = tokens * config.kv_bytes_per_token() / (1 << 30)
-        parts.append(f"KV cache {tokens} tokens ({gib:.2f} GiB)")
+        parts.append(f"KV cache {tokens} tokens ({_size(tokens * config.kv_bytes_per_token())})")
     parts.append(f"{config.executor_threads} CPU threads per executor" if config.resolved_device == "cpu"
                  else f"{config.tensor_parallel_size * config.data_parallel_size} GPU(s)")
     if web_page_path is not None:
         parts.append(f"chat in a browser at {url}{web_page_path}")
     return f"serving {config.model_name} on {url} | " + " | ".join(parts)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.0f} MiB"

@@ -6,12 +6,14 @@ environment, and time the install, the first /health and the first answer; then 
 The install is the README's first shell command up to `ringserve serve` (whatever it says at REF), run as
 written in a new venv with pip's cache off (as on a fresh machine); the server then starts with an empty
 XDG cache (so the CPU kernels are built as on a first start). The first answer is the README's question at
-temperature 0 and again with the server's default sampling. The executor's resident memory (VmRSS) is read
+temperature 0 and again with the server's default sampling, then one JSON-object request (xgrammar works).
+The executor's resident memory (VmRSS) is read
 once the server is healthy and again after REQUESTS more chat requests. Prints one JSON object.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -24,6 +26,8 @@ import time
 import urllib.request
 
 import click
+
+from engine.process import descendants
 
 QUESTION = "What is the capital of France?"
 REQUESTS = 16
@@ -47,26 +51,13 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-def _descendants(pid: int) -> list[tuple[int, str]]:
-    """(pid, command line) of every process below `pid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if parent == pid:
-            found += [(int(entry), command), *_descendants(int(entry))]
-    return found
-
-
 def _executor_rss(server_pid: int) -> int:
-    return sum(_rss_bytes(pid) for pid, command in _descendants(server_pid) if "engine.executor.main" in command)
+    total = 0
+    for pid in descendants(server_pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"engine.executor.main" in f.read():
+                total += _rss_bytes(pid)
+    return total
 
 
 def _chat(url: str, body: dict, timeout: float = 300.0) -> dict:
@@ -105,8 +96,9 @@ def main(repo: str, ref: str, workdir: str | None, port: int, keep: bool) -> Non
     subprocess.run(["bash", "-c", install], cwd=clone, env=env, check=True, stdout=subprocess.DEVNULL)
     result["install_s"] = round(time.monotonic() - start, 1)
     result["venv_bytes"] = _directory_bytes(venv)
-    result["triton_installed"] = bool(list(
-        __import__("glob").glob(os.path.join(venv, "lib", "python*", "site-packages", "triton"))))
+    for package in ("triton", "xgrammar"):
+        result[f"{package}_installed"] = bool(glob.glob(os.path.join(venv, "lib", "python*", "site-packages",
+                                                                     package)))
 
     log_path = os.path.join(workdir, "serve.log")
     start = time.monotonic()
@@ -134,6 +126,9 @@ def main(repo: str, ref: str, workdir: str | None, port: int, keep: bool) -> Non
             result[f"answer_{label}_since_start_s"] = round(time.monotonic() - start, 1)
             result[f"answer_{label}"] = reply["choices"][0]["message"]["content"][:300]
             result[f"answer_{label}_tokens"] = reply["usage"]["completion_tokens"]
+        structured = _chat(url, {"model": model, "messages": messages, "max_tokens": 32,
+                                 "response_format": {"type": "json_object"}})
+        result["structured_output"] = structured["choices"][0]["message"]["content"][:200]
         result["executor_rss_after_start_bytes"] = _executor_rss(server.pid)
         for i in range(REQUESTS):
             _chat(url, {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": f"Count to {i}"}]})

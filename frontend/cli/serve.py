@@ -7,6 +7,7 @@ import sys
 import click
 
 from engine.config import ConfigError
+from engine.structured_spec import XGRAMMAR_MISSING, xgrammar_installed
 from frontend import version
 from frontend.chat_template import load_chat_template_source
 from frontend.cli.options import JSON_OBJECT, engine_config, engine_options, model_argument, model_or_default
@@ -67,6 +68,8 @@ def serve(model: str, **options) -> None:
     engine = config.engine
     note("model %s: %s at %s, %s", engine.model_name, engine.architecture, engine.model, model_summary(engine))
     note("sampling defaults: %s", engine.sampling_defaults.describe())
+    if not xgrammar_installed():
+        note("%s", XGRAMMAR_MISSING)
     from frontend.server import launch_server
 
     try:

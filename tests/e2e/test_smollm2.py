@@ -20,7 +20,7 @@ from tests.readme import curl_requests, readme
 
 pytestmark = pytest.mark.skipif(find_smollm2() is None, reason=f"{SMOLLM2_NAME} is not installed ({SMOLLM2_INSTALL})")
 READY = re.compile(r"serving smollm2-135m-instruct on (http://\S+) \| float16 \(from a Q4_1 GGUF\), context 8192 "
-                   r"tokens \| KV cache (\d+) tokens \(([\d.]+) GiB\) \| (\d+) CPU threads per executor")
+                   r"tokens \| KV cache (\d+) tokens \(([\d.]+) [GM]iB\) \| (\d+) CPU threads per executor")
 
 
 @pytest.fixture(scope="module")
