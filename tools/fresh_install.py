@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import click
@@ -126,9 +127,12 @@ def main(repo: str, ref: str, workdir: str | None, port: int, keep: bool) -> Non
             result[f"answer_{label}_since_start_s"] = round(time.monotonic() - start, 1)
             result[f"answer_{label}"] = reply["choices"][0]["message"]["content"][:300]
             result[f"answer_{label}_tokens"] = reply["usage"]["completion_tokens"]
-        structured = _chat(url, {"model": model, "messages": messages, "max_tokens": 32,
-                                 "response_format": {"type": "json_object"}})
-        result["structured_output"] = structured["choices"][0]["message"]["content"][:200]
+        try:
+            structured = _chat(url, {"model": model, "messages": messages, "max_tokens": 32,
+                                     "response_format": {"type": "json_object"}})
+            result["structured_output"] = structured["choices"][0]["message"]["content"][:200]
+        except urllib.error.HTTPError as e:
+            result["structured_output"] = f"HTTP {e.code}: {e.read().decode(errors='replace')[:300]}"
         result["executor_rss_after_start_bytes"] = _executor_rss(server.pid)
         for i in range(REQUESTS):
             _chat(url, {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": f"Count to {i}"}]})
