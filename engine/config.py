@@ -14,10 +14,12 @@ import importlib.util
 import json
 import os
 import re
+from typing import Any
 
 import msgspec
 
 from engine.errors import ConfigError
+from engine.generation_config import SamplingDefaults, check_mode, sampling_defaults
 from engine.models.bundled import SMOLLM2_INSTALL, SMOLLM2_NAME, find_smollm2
 from engine.models.gguf_file import is_gguf_path
 from engine.models.model_args import SUPPORTED_ARCHITECTURES, ModelArgs
@@ -31,6 +33,7 @@ DATA_PARALLEL_ROUTINGS = ("prefix", "load", "round_robin")
 KV_EVENT_PUBLISHERS = ("null", "zmq")
 
 GiB = 1 << 30
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"     # every process's log lines
 DEFAULT_RING_BYTES = 16 << 20
 PARAMS_ALLOWANCE = 64 << 10        # bytes kept in the request ring for an AddRequest's params
 CPU_SPIN_US = 100                  # spin windows before sleeping (DESIGN §2)
@@ -89,6 +92,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     fake_step_us: int = 0                    # load_format fake: each forward sleeps this long, as a CPU
                                              # waiting for a GPU step would (engine-overhead benchmarks)
     seed: int = 0
+    generation_config: str = "auto"          # sampling defaults: auto (the model's), vllm (none), or a folder
+    override_generation_config: dict[str, Any] = {}   # fields set on top of those (vLLM's option)
     # --- device and parallelism
     device: str = "auto"
     tensor_parallel_size: int = 1
@@ -102,7 +107,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     block_size: int = 16
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
-    kv_cache_memory: int | None = None       # bytes; on the CPU the default is 4 GiB
+    kv_cache_memory: int | None = None       # bytes; default on the CPU: what max_num_seqs x max_model_len
+                                             # tokens take, capped by a share of the free memory
     num_gpu_blocks_override: int | None = None
     kv_events_config: KVEventsConfig | None = None
     # --- scheduler
@@ -121,11 +127,13 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                                              # by default for contexts beyond about a million tokens
     spin_us: int | None = None               # spin window before sleeping; None: adapt to the device
     startup_timeout_s: float = 600.0
+    log_level: str = "info"                  # of the engine's processes (their startup notes), as the server's
     # --- derived by finalize(); never set by hand
     architecture: str = ""
     resolved_dtype: str = ""
     resolved_device: str = ""
     vocab_size: int = 0
+    sampling_defaults: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
     finalized: bool = False
 
     # ------------------------------------------------------------------ derived values
@@ -160,6 +168,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         return CUDA_SPIN_US if self.resolved_device == "cuda" else CPU_SPIN_US
 
     @property
+    def executor_threads(self) -> int:
+        """torch threads of each CPU executor: --cpu-threads, else the cores shared among the ranks."""
+        return self.cpu_threads or max(1, (os.cpu_count() or 1) // self.tensor_parallel_size)
+
+    @property
     def is_gguf(self) -> bool:
         return is_gguf_path(self.model)
 
@@ -173,7 +186,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             return gguf_hf_config(self.model)
         return read_model_config(self.model)
 
-    def generation_config(self) -> dict:
+    def model_generation_config(self) -> dict:
+        """The model's own generation_config.json ({} for a GGUF file or where there is none)."""
         if self.is_gguf:
             return {}
         path = os.path.join(self.model, "generation_config.json")
@@ -181,6 +195,21 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             return {}
         with open(path) as f:
             return json.load(f)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token takes over all tensor-parallel ranks (each holds at least one KV head)."""
+        args = ModelArgs.from_hf_config(self.hf_config(), self.architecture, self.max_model_len)
+        per_rank_heads = max(1, args.num_kv_heads // self.tensor_parallel_size)
+        element = 4 if self.resolved_dtype == "float32" else 2
+        return args.num_layers * 2 * per_rank_heads * self.tensor_parallel_size * args.head_dim * element
+
+    def stored_weight_type(self) -> str | None:
+        """For a GGUF file, the tensor type most of its weight bytes are stored in (Q4_1, Q8_0, F16, ...)."""
+        if not self.is_gguf:
+            return None
+        from engine.models.gguf_config import main_weight_type
+
+        return main_weight_type(self.model)
 
     # ------------------------------------------------------------------ validation
     def finalize(self) -> EngineConfig:
@@ -219,6 +248,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             )
         if self.kv_cache_memory is not None:
             _check_positive("kv_cache_memory", self.kv_cache_memory)
+        check_mode(self.generation_config)
+        if self.generation_config not in ("auto", "vllm"):
+            self.generation_config = os.path.abspath(os.path.expanduser(self.generation_config))
 
         hf = self.hf_config()
         archs = hf.get("architectures") or []
@@ -230,6 +262,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             )
         self.architecture = arch
         self.vocab_size = int(hf["vocab_size"])
+        self.sampling_defaults = sampling_defaults(self.model, self.is_gguf, self.generation_config,
+                                                   self.override_generation_config)
 
         heads = int(hf["num_attention_heads"])
         kv_heads = int(hf.get("num_key_value_heads") or heads)
@@ -270,6 +304,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             )
         args = ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what the decoder can't compute
         backend = self.attention_backend or ("triton" if self.resolved_device == "cuda" else "torch")
+        if backend == "triton" and importlib.util.find_spec("triton") is None:
+            raise ConfigError("the triton attention backend (the default on a GPU) needs triton, which the "
+                              "default install leaves out: pip install 'ringserve[gpu]' (or triton)")
         if backend == "triton" and args.head_dim not in TRITON_HEAD_DIMS:
             raise ConfigError(
                 f"head_dim {args.head_dim} is not supported by the triton attention backend "
@@ -286,8 +323,6 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs})"
             )
-        if self.resolved_device == "cpu" and self.kv_cache_memory is None:
-            self.kv_cache_memory = 4 * GiB
         if self.in_process and tp != 1:
             raise ConfigError("in_process mode runs one executor; tensor_parallel_size must be 1")
         if self.in_process and self.data_parallel_size != 1:

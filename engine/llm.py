@@ -75,7 +75,10 @@ class LLM:
         return self.engine.call_sync("stop_profile")
 
     def get_default_sampling_params(self) -> SamplingParams:
-        return SamplingParams().resolved(self.engine.generation_defaults)
+        """The params of a generate() or chat() call that passes none: the engine's sampling defaults
+        (--generation-config, --override-generation-config), max_tokens 16 unless they set one (vLLM's)."""
+        defaults = self.engine.generation_defaults
+        return SamplingParams(max_tokens=defaults.get("max_tokens", 16)).resolved(defaults)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from engine.config import LOG_FORMAT
 from shm.wait import PeerDiedError
 
 PR_SET_PDEATHSIG = 1
@@ -51,6 +53,12 @@ def child_args() -> dict:
     if os.getppid() != args["parent_pid"]:        # the parent died before prctl took effect
         os._exit(1)
     return args
+
+
+def configure_logging(level: str) -> None:
+    """A child's log lines (its startup notes, chiefly) go to the stderr it shares with the frontend, in the
+    frontend's format and at its level (EngineConfig.log_level)."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
 def parent_check(parent_pid: int, name: str) -> Callable[[], None]:
@@ -91,6 +99,30 @@ def kill(popens: list[subprocess.Popen]) -> None:
             p.kill()
     for p in popens:
         p.wait()
+
+
+def children(pid: int) -> list[int]:
+    """The live (not zombie) child processes of `pid`, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (a server's scheduler and executors), from /proc."""
+    out = []
+    for child in children(pid):
+        out += [child, *descendants(child)]
+    return out
 
 
 def error_text(exc: BaseException, limit: int = 2000) -> str:

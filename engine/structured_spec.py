@@ -14,6 +14,7 @@ loads it only when the first structured request arrives.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -35,6 +36,13 @@ SUPPORTED_FORMATS = frozenset({
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
 _DATA = frozenset({"enum", "const", "default", "examples", "required", "title", "description", "$comment"})
 _BACKEND_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+XGRAMMAR_INSTALL = "pip install --no-deps xgrammar==0.2.8"
+XGRAMMAR_MISSING = (f"structured outputs and forced tool calls need xgrammar, which is not installed: "
+                    f"{XGRAMMAR_INSTALL} (its triton dependency is for GPUs only)")
+
+
+def xgrammar_installed() -> bool:
+    return importlib.util.find_spec("xgrammar") is not None
 
 
 def words_per_row(vocab_size: int) -> int:
@@ -132,8 +140,12 @@ def _document(value) -> object:
 
 
 def to_grammar(so: StructuredOutputsParams):
-    """The xgrammar Grammar of a constraint. Raises ValueError naming the field when the backend refuses it."""
-    import xgrammar as xgr
+    """The xgrammar Grammar of a constraint. Raises ValueError naming the field when the backend refuses it,
+    or when it is not installed."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise ValueError(f"structured_outputs: {XGRAMMAR_MISSING}") from None
 
     kind = so.kind
     name = f"structured_outputs.{kind}"

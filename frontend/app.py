@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from engine.client.token_bounds import max_chars_per_token
-from engine.client.tokenizer import load_tokenizer, model_generation_defaults
+from engine.client.tokenizer import load_tokenizer
 from engine.outputs import EngineDeadError
 from frontend import version
 from frontend.chat_template import ChatTemplate
@@ -54,7 +54,7 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
     ctx = ServingContext(
         engine=engine_client, config=config, tokenizer=tokenizer, model_name=engine_config.model_name,
         max_model_len=engine_client.max_model_len, vocab_size=engine_config.vocab_size,
-        max_logprobs=engine_config.max_logprobs, generation_defaults=model_generation_defaults(engine_config),
+        max_logprobs=engine_config.max_logprobs, generation_defaults=engine_config.sampling_defaults.values,
         metrics=metrics, events=RequestEventLog(), token_strings=TokenStrings(tokenizer),
         chat_template=ChatTemplate.for_tokenizer(tokenizer, config.chat_template),
         chars_per_token=chars_per_token,

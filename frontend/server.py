@@ -23,6 +23,7 @@ from hypercorn.config import Config as HypercornConfig
 from engine.errors import EngineDeadError
 from frontend.app import create_app
 from frontend.config import ServerConfig
+from frontend.startup import configure_logging, note, ready_line
 
 logger = logging.getLogger("ringserve.server")
 SHUTDOWN_GRACE_S = 3.0      # after --shutdown-timeout: time for the unfinished requests' error answers
@@ -34,11 +35,6 @@ def launch_server(config: ServerConfig, engine_client=None) -> None:
     config.validate()
     configure_logging(config.log_level)
     asyncio.run(_serve(config, engine_client))
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("ringserve").setLevel(level.upper())
 
 
 async def _serve(config: ServerConfig, engine_client) -> None:
@@ -53,12 +49,17 @@ async def _serve(config: ServerConfig, engine_client) -> None:
 
             engine_client = make_engine_client(config.engine)
         try:
+            engine = engine_client.config
+            note("starting the engine: a scheduler and %d executor process(es) on %s",
+                 engine.tensor_parallel_size * engine.data_parallel_size, engine.resolved_device)
             if not await _start_engine(engine_client, stop):
                 logger.info("stopped while the engine was starting")
                 return
+            note("loading the tokenizer and chat template")
             app = create_app(engine_client, config)
             host, port = sock.getsockname()[:2]
-            logger.info("serving %s on http://%s:%d", engine_client.config.model_name, host, port)
+            url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+            logger.info("%s", ready_line(engine_client, url, getattr(app.state, "web_page_path", None)))
             expire = asyncio.ensure_future(_fail_unfinished_after(stop, engine_client, config.shutdown_timeout))
             try:
                 await serve(app, hypercorn_config(config, sock.detach()), shutdown_trigger=stop.wait)

@@ -58,8 +58,10 @@ class OpenAIServingCompletion(OpenAIServing):
     def _max_tokens(self, req: CompletionRequest, prompt_len: int) -> int | None:
         if req.max_tokens is not msgspec.UNSET:
             return req.max_tokens
-        # the default never makes a request fail: it is capped by what the context has left
-        return max(1, min(DEFAULT_COMPLETION_MAX_TOKENS, self.ctx.max_model_len - prompt_len))
+        # the default never makes a request fail: it is capped by what the context has left (and, as in vLLM,
+        # by the default sampling's max_tokens when a generation config sets one)
+        default = min(DEFAULT_COMPLETION_MAX_TOKENS, self.ctx.generation_defaults.get("max_tokens", 1 << 30))
+        return max(1, min(default, self.ctx.max_model_len - prompt_len))
 
     @staticmethod
     def _split_prompts(prompt) -> tuple[list[str], list[list[int]]]:

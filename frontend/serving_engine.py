@@ -182,7 +182,8 @@ class OpenAIServing(PromptPreparation):
 
     def prompt_params(self, params: SamplingParams, prompt_len: int, max_tokens: int | None,
                       max_tokens_param: str, prompt_param: str) -> SamplingParams:
-        """Params for one prompt: max_tokens defaults to what the context has left, as in vLLM."""
+        """Params for one prompt: max_tokens defaults to what the context has left (at most the default
+        sampling's max_tokens, when a generation config sets max_new_tokens), as in vLLM."""
         limit = self.ctx.max_model_len
         if prompt_len == 0:
             raise invalid("the prompt is empty", prompt_param)
@@ -190,7 +191,7 @@ class OpenAIServing(PromptPreparation):
             raise invalid(f"This model's maximum context length is {limit} tokens, and the prompt has "
                           f"{prompt_len} tokens, which leaves no room for output.", prompt_param)
         if max_tokens is None:
-            max_tokens = limit - prompt_len
+            max_tokens = min(limit - prompt_len, self.ctx.generation_defaults.get("max_tokens", limit))
         elif prompt_len + max_tokens > limit:
             raise invalid(f"This model's maximum context length is {limit} tokens. However, you requested "
                           f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "

@@ -23,10 +23,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -34,12 +37,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, name) for name in
                 ("cpu_gemm.c", "cpu_attention.c", "cpu_decode.c", "cpu_elementwise.c"))
 HEADER = os.path.join(_HERE, "cpu_kernels.h")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm")
+COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-std=c11")
+LINK_FLAGS = ("-fopenmp", "-shared", "-lm")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 BF16_DOT_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")    # VDPBF16PS (e.g. AMD Zen 4)
 SUPPORTED = (torch.bfloat16, torch.float16)
 MAX_GROUP, MAX_HEAD_DIM = 16, 256          # as in cpu_attention.c
 _bf16_dot = False                          # the library's AVX-512 switch (set_bf16_dot), mirrored here
+logger = logging.getLogger("ringserve.kernels")
 
 
 def _cache_dir() -> str:
@@ -70,19 +75,30 @@ def _build(compiler: str) -> str:
     for path in (HEADER, *SOURCES):
         with open(path, "rb") as f:
             text += f.read()
-    digest = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(text + " ".join(COMPILE_FLAGS + LINK_FLAGS).encode()).hexdigest()[:16]
     target = os.path.join(_cache_dir(), f"cpu_avx2-{digest}.so")
     if os.path.isfile(target):
         return target
     os.makedirs(_cache_dir(), exist_ok=True)
-    fd, staging = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
-    os.close(fd)
-    try:
-        subprocess.run([compiler, *FLAGS, *SOURCES, "-o", staging], check=True, capture_output=True, timeout=120)
-        os.replace(staging, target)                  # atomic: concurrent builders all end with one file
-    finally:
-        if os.path.exists(staging):
-            os.unlink(staging)
+    # A first start says what it is waiting for: one line per compiled file (the files compile in parallel).
+    logger.info("building the CPU kernels (first use only; cached in %s): %d C files", _cache_dir(), len(SOURCES))
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=_cache_dir()) as staging:
+        objects = [os.path.join(staging, os.path.basename(source)[:-2] + ".o") for source in SOURCES]
+
+        def compile_one(index: int) -> str:
+            subprocess.run([compiler, *COMPILE_FLAGS, "-c", SOURCES[index], "-o", objects[index]], check=True,
+                           capture_output=True, timeout=120)
+            return os.path.basename(SOURCES[index])
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(SOURCES), os.cpu_count() or 1))) as pool:
+            for done, name in enumerate(pool.map(compile_one, range(len(SOURCES))), 1):
+                logger.info("  compiled %s (%d/%d)", name, done, len(SOURCES))
+        library = os.path.join(staging, "cpu_avx2.so")
+        subprocess.run([compiler, *objects, *LINK_FLAGS, "-o", library], check=True, capture_output=True,
+                       timeout=120)
+        os.replace(library, target)                  # atomic: concurrent builders all end with one file
+    logger.info("built the CPU kernels in %.1f s", time.monotonic() - start)
     return target
 
 

@@ -21,6 +21,8 @@ import time
 
 import click
 
+from frontend.cli.options import model_argument
+
 # HBM peak bandwidth of the GPUs we expect to be measured on (bytes/s, vendor figures).
 PEAK_BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12, "A800": 2.0e12, "L40S": 0.864e12}
 
@@ -126,7 +128,7 @@ def measure_transformers(model: str, batch: int, input_len: int, output_len: int
 
 
 @click.command("latency")
-@click.option("--model", required=True, help="HF model directory, .gguf file or built-in name")
+@model_argument(required=True, help="HF model directory, .gguf file or built-in name.")
 @click.option("--tokenizer", default=None, help="default: none needed (token ids in and out)")
 @click.option("--load-format", default="dummy", show_default=True)
 @click.option("--dtype", default="bfloat16", show_default=True)

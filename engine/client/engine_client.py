@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from engine.client.output_processor import RequestCollector, RequestState, deltas_from_outputs
-from engine.client.tokenizer import eos_token_ids, model_generation_defaults
+from engine.client.tokenizer import eos_token_ids
 from engine.config import EngineConfig
 from engine.messages import (
     HANDLE,
@@ -59,7 +59,7 @@ class EngineClient:
         self.config = config.finalize()
         self._env = env                  # added to the scheduler's environment (a DP rank's devices)
         self.eos_token_ids = eos_token_ids(self.config)
-        self.generation_defaults = model_generation_defaults(self.config)
+        self.generation_defaults = self.config.sampling_defaults.values
         self.num_blocks = 0
         self.block_size = self.config.block_size
         self.max_model_len = self.config.max_model_len

@@ -85,6 +85,14 @@ def check_tensor_types(gguf: GGUFFile) -> None:
                           f"supported: {', '.join(SUPPORTED_TYPES)}")
 
 
+def main_weight_type(path: str) -> str:
+    """The tensor type holding most of the file's bytes (e.g. Q4_1), as the file's one-word description."""
+    sizes: dict[str, int] = {}
+    for tensor in read_gguf(path).tensors.values():
+        sizes[tensor.type_name] = sizes.get(tensor.type_name, 0) + tensor.nbytes
+    return max(sizes, key=sizes.__getitem__)
+
+
 def _declared_dtype(gguf: GGUFFile) -> str:
     """The dtype the weights are in: F32, F16 or BF16 files keep theirs; quantized ones declare float16, as
     vLLM does for GGUF (finalize turns float16 into float32 on a CPU without kernels/cpu_avx2)."""

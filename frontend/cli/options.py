@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 
 import click
@@ -60,6 +62,25 @@ class KVEventsParam(click.ParamType):
             self.fail(f"{value!r} is not a KV events config: {e}", param, ctx)
 
 
+class JsonObjectParam(click.ParamType):
+    """A JSON object given on the command line, e.g. '{"temperature": 0.7}'."""
+
+    name = "json"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, dict):
+            return value
+        try:
+            parsed = json.loads(value)
+        except ValueError as e:
+            self.fail(f"not JSON: {e}", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail(f"must be a JSON object, e.g. '{{\"temperature\": 0.7}}'; got {value!r}", param, ctx)
+        return parsed
+
+
+JSON_OBJECT = JsonObjectParam()
+
 ENGINE_OPTIONS = [
     click.option("--tokenizer", default=None, help="Tokenizer directory or .gguf file (default: MODEL)."),
     click.option("--revision", default=None, help="Hub branch, tag or commit of a repo-id MODEL (default: main)."),
@@ -103,6 +124,14 @@ ENGINE_OPTIONS = [
                  help="Most logprobs a request may ask for per token."),
     click.option("--async-scheduling", is_flag=True,
                  help="Schedule the next step while the current one runs (hides the scheduler's time)."),
+    # --- sampling defaults (vLLM's flags; engine/generation_config.py)
+    click.option("--generation-config", default="auto",
+                 help="Where default sampling comes from: 'auto' (the model's generation config; for a GGUF file "
+                      "without one, llama.cpp's temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), 'vllm' "
+                      "(none: temperature 1, no truncation), or a folder holding a generation_config.json."),
+    click.option("--override-generation-config", type=JSON_OBJECT, default=None,
+                 help="JSON object of default sampling fields set on top, e.g. '{\"temperature\": 0.5}' "
+                      "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens)."),
     click.option("--grammar-compile-timeout", type=click.FloatRange(min=0.0, min_open=True), default=10.0,
                  help="Seconds a structured-output grammar may take to compile before its request ends "
                       "with an error (the server keeps serving the others)."),
@@ -115,6 +144,26 @@ def engine_options(command):
         command = option(command)
     return command
 
+
+
+def model_argument(default: str | None = "", help: str = MODEL_HELP, required: bool = False):
+    """MODEL as an optional first positional argument, with --model as its alias, passed on as `model`: every
+    command names the model the same way (`vllm serve` takes both; vLLM's other commands, --model)."""
+    def decorate(command):
+        @functools.wraps(command)
+        def run(*args, model_option: str | None = None, **kwargs):
+            positional = kwargs.pop("model")
+            if model_option and positional and model_option != positional:
+                raise click.UsageError(f"two models given: {positional!r} and --model {model_option!r}")
+            model = model_option or positional or default
+            if required and not model:
+                raise click.UsageError("missing MODEL (as the first argument or --model)")
+            return command(*args, model=model, **kwargs)
+
+        run = click.option("--model", "model_option", default=None, metavar="MODEL",
+                           help=f"{help} The same as the MODEL argument.")(run)
+        return click.argument("model", required=False, default=None)(run)
+    return decorate
 
 
 def model_or_default(model: str) -> str:
@@ -144,5 +193,7 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         async_scheduling=options["async_scheduling"],
         data_parallel_size=options["data_parallel_size"], data_parallel_routing=options["data_parallel_routing"],
         kv_events_config=options["kv_events_config"], cpu_threads=options["cpu_threads"],
-        grammar_compile_timeout_s=options["grammar_compile_timeout"], **extra,
+        grammar_compile_timeout_s=options["grammar_compile_timeout"],
+        generation_config=options["generation_config"],
+        override_generation_config=options["override_generation_config"] or {}, **extra,
     )

