@@ -25,21 +25,21 @@ from engine.client.token_bounds import max_chars_per_token
 from engine.client.tokenizer import load_tokenizer
 from engine.outputs import EngineDeadError
 from frontend import version
-from frontend.chat_template import ChatTemplate
+from frontend.chat.template import ChatTemplate
 from frontend.config import ServerConfig
 from frontend.errors import ApiError, error_response, from_engine_error
-from frontend.logprobs import TokenStrings
+from frontend.openai.logprobs import TokenStrings
 from frontend.metrics import CONTENT_TYPE, ServerMetrics, log_stats_periodically
 from frontend.middleware import ServerMiddleware
 from frontend.openapi import openapi_document
 from frontend.profiling import RequestEventLog
-from frontend.responses import json_response
-from frontend.serving_chat import OpenAIServingChat
-from frontend.serving_completions import OpenAIServingCompletion
+from frontend.http_responses import json_response
+from frontend.openai.chat import OpenAIServingChat
+from frontend.openai.completions import OpenAIServingCompletion
 from frontend.serving_engine import ServingContext
-from frontend.serving_messages import AnthropicServingMessages
-from frontend.serving_responses import OpenAIServingResponses
-from frontend.serving_tokenization import OpenAIServingTokenization
+from frontend.anthropic.messages import AnthropicServingMessages
+from frontend.responses.handlers import OpenAIServingResponses
+from frontend.openai.tokenize import OpenAIServingTokenization
 
 logger = logging.getLogger("ringserve.server")
 TOKENIZER_THREADS = 2       # long prompts tokenized at once (each holds memory in proportion to its length)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 
-from frontend.chat_template import TemplateOutputTooLong, template_messages
+from frontend.chat.template import TemplateOutputTooLong, template_messages
 from frontend.errors import invalid
-from frontend.protocol import ChatCompletionRequest, TokenizeRequest
+from frontend.chat.protocol import ChatCompletionRequest, TokenizeRequest
 
 INLINE_TOKENIZE_CHARS = 8192
 MAX_TEMPLATE_OUTPUT_CHARS = 64 << 20       # a chat template's output, when the tokenizer gives no tighter bound

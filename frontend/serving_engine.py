@@ -25,16 +25,16 @@ from starlette.types import Send
 from engine.client.detokenizer import Detokenizer, backend_tokenizer
 from engine.outputs import RequestDelta
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
-from frontend.chat_template import ChatTemplate
+from frontend.chat.template import ChatTemplate
 from frontend.choices import Choice, ChoiceEvent, merge_streams, stream_choice
 from frontend.config import ServerConfig
 from frontend.errors import ApiError, error_body, from_engine_error, from_validation_error, invalid
-from frontend.logprobs import TokenStrings
+from frontend.openai.logprobs import TokenStrings
 from frontend.metrics import ServerMetrics
 from frontend.profiling import RequestEventLog
 from frontend.prompts import PromptPreparation
-from frontend.protocol import MAX_CHOICES, SamplingRequest
-from frontend.responses import JSON_HEADERS, SSE_DONE, SSE_HEADERS, DisconnectAwareResponse, sse_event
+from frontend.chat.protocol import MAX_CHOICES, SamplingRequest
+from frontend.http_responses import JSON_HEADERS, SSE_DONE, SSE_HEADERS, DisconnectAwareResponse, sse_event
 
 logger = logging.getLogger("ringserve.serving")
 

@@ -9,7 +9,7 @@ import click
 from engine.config import ConfigError
 from engine.structured_spec import XGRAMMAR_MISSING, xgrammar_installed
 from frontend import version
-from frontend.chat_template import load_chat_template_source
+from frontend.chat.template import load_chat_template_source
 from frontend.cli.options import JSON_OBJECT, engine_config, engine_options, model_argument, model_or_default
 from frontend.config import LOG_LEVELS, REASONING_FIELDS, REASONING_PARSERS, TOOL_CALL_PARSERS, ServerConfig
 
