@@ -1,4 +1,5 @@
-"""Response helpers: orjson bodies, SSE framing, and the response that aborts work when the client leaves."""
+"""HTTP response helpers every API shares: orjson bodies, the one SSE framer, and the response that aborts
+its work when the client leaves."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -22,8 +22,11 @@ def json_response(body, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
-def sse_event(body) -> bytes:
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+def sse(body, event: str | None = None) -> bytes:
+    """One server-sent event: `data: <json>`, after an `event: <name>` line when the API names its events
+    (Anthropic's and the Responses API's streams; OpenAI's chat and completions streams do not)."""
+    data = b"data: " + orjson.dumps(body) + b"\n\n"
+    return data if event is None else b"event: " + event.encode() + b"\n" + data
 
 
 class DisconnectAwareResponse:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import msgspec
 
 from frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
-from frontend.chat.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from frontend.chat.protocol import ChatCompletionRequest
+from frontend.openai.protocol import CompletionRequest, DetokenizeRequest, TokenizeRequest
 from frontend.responses.protocol import ResponsesRequest
 
 REF = "#/components/schemas/{name}"

@@ -1,23 +1,37 @@
 """One chat choice's output on its way to the client: reasoning split off first (--reasoning-parser), then
-tool calls parsed out of the content (the request's ToolPlan), as stream deltas or as one message.
+tool calls parsed out of the content (the request's ToolPlan), as typed parts or as one message.
 
-Both modes run the same streamers (a whole output is one piece), so a stream and a whole response carry
-the same reasoning, content and calls. Policies, as vLLM's: finish_reason is "tool_calls" when `auto`
-found calls, while `required` and named calls keep the engine's reason; a forced output holds no content
-(the grammar allows none; a call cut short by max_tokens is dropped, not shown as text);
-`parallel_tool_calls: false` keeps only the first call; `include_reasoning: false` drops the reasoning.
+A streamed choice is read by a ChatOutputParser, whose parts (content, reasoning, tool-call deltas) each API
+writes in its own shape: OpenAI chat as `content` / `reasoning` / `tool_calls` deltas, Anthropic as content
+blocks, the Responses API as output items (`turn_events` gives the last two one vocabulary). A whole
+OpenAI response is read by `parse_message`, which runs the same streamers over the whole text, so a stream
+and a whole response carry the same reasoning, content and calls. Policies, as vLLM's: finish_reason is
+"tool_calls" when `auto` found calls, while `required` and named calls keep the engine's reason; a forced
+output holds no content (the grammar allows none; a call cut short by max_tokens is dropped, not shown as
+text); `parallel_tool_calls: false` keeps only the first call; `include_reasoning: false` drops the reasoning.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from frontend.chat.reasoning import ReasoningParser, ReasoningStreamer
 from frontend.chat.tool_choice import ToolPlan
-from frontend.chat.tool_parsers import ToolCallStreamer
+from frontend.chat.tool_parsers import ToolCallDelta, ToolCallStreamer
 
 REASONING_FIELDS = {"reasoning": ("reasoning",), "reasoning_content": ("reasoning_content",),
                     "both": ("reasoning", "reasoning_content")}
+CONTENT, REASONING, TOOL_CALL = "content", "reasoning", "tool_call"
+TOOL_ARGS = "tool_args"      # a turn event (turn_events): a fragment of the current call's JSON arguments
+
+
+class Part(NamedTuple):
+    """One piece of a choice's read output: content or reasoning text, or one tool-call delta."""
+
+    kind: str                            # CONTENT | REASONING | TOOL_CALL
+    text: str = ""
+    call: ToolCallDelta | None = None    # TOOL_CALL: a call's announcement (index, id, name) or arguments
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +42,6 @@ class ChatOutputOptions:
     reasoning_state: int                     # the reasoning streamer's initial state, from the prompt
     tool_plan: ToolPlan | None
     include_reasoning: bool = True
-    reasoning_fields: tuple[str, ...] = ("reasoning",)
 
     @property
     def active(self) -> bool:
@@ -36,7 +49,7 @@ class ChatOutputOptions:
 
 
 class ChatOutputParser:
-    """One choice's streamers; `feed` and `finish` return the deltas (dicts) to send, in order."""
+    """One choice's streamers; `feed` and `finish` return the parts its text makes, in order."""
 
     __slots__ = ("options", "reasoning", "tools", "calls_found")
 
@@ -49,7 +62,7 @@ class ChatOutputParser:
         self.tools: ToolCallStreamer | None = plan.parser.streamer() if plan and plan.parser else None
         self.calls_found = 0
 
-    def feed(self, text: str) -> list[dict]:
+    def feed(self, text: str) -> list[Part]:
         if not text:
             return []
         if self.reasoning is None:
@@ -57,7 +70,7 @@ class ChatOutputParser:
         split = self.reasoning.feed(text)
         return self._reasoning(split.reasoning) + self._content(split.content, final=False)
 
-    def finish(self) -> list[dict]:
+    def finish(self) -> list[Part]:
         if self.reasoning is None:
             return self._content("", final=True)
         split = self.reasoning.finish()
@@ -69,38 +82,56 @@ class ChatOutputParser:
             return "tool_calls"
         return engine_reason
 
-    def _reasoning(self, text: str) -> list[dict]:
+    def _reasoning(self, text: str) -> list[Part]:
         if not text or not self.options.include_reasoning:
             return []
-        return [dict.fromkeys(self.options.reasoning_fields, text)]
+        return [Part(REASONING, text)]
 
-    def _content(self, text: str, final: bool) -> list[dict]:
+    def _content(self, text: str, final: bool) -> list[Part]:
         if self.tools is None:
-            return [{"content": text}] if text else []
+            return [Part(CONTENT, text)] if text else []
         parsed = self.tools.feed(text) if text else None
         out = []
         for piece in (parsed, self.tools.finish() if final else None):
             if piece is None:
                 continue
             if piece.content and not self.options.tool_plan.forced:
-                out.append({"content": piece.content})
+                out.append(Part(CONTENT, piece.content))
             for call in piece.tool_calls:
                 if call.index > 0 and not self.options.tool_plan.parallel_tool_calls:
                     continue
                 if call.name is not None:
                     self.calls_found += 1
-                out.append({"tool_calls": [call.to_openai()]})
+                out.append(Part(TOOL_CALL, call=call))
         return out
 
 
-def parse_message(options: ChatOutputOptions, text: str) -> tuple[dict, bool]:
-    """A whole output as message fields (reasoning, content, tool_calls), and whether it holds calls."""
+def turn_events(text: str, parts: list[Part] | None) -> list[tuple[str, str]]:
+    """One step's output as the agent APIs' events: (CONTENT or REASONING, text), (TOOL_CALL, the tool's
+    name) when a call starts, (TOOL_ARGS, a fragment of its arguments). Without a parser it is all content."""
+    if parts is None:
+        return [(CONTENT, text)] if text else []
+    events = []
+    for part in parts:
+        if part.kind != TOOL_CALL:
+            events.append((part.kind, part.text))
+            continue
+        if part.call.name is not None:
+            events.append((TOOL_CALL, part.call.name))
+        if part.call.arguments:
+            events.append((TOOL_ARGS, part.call.arguments))
+    return events
+
+
+def parse_message(options: ChatOutputOptions, text: str,
+                  reasoning_fields: tuple[str, ...] = ("reasoning",)) -> tuple[dict, bool]:
+    """A whole output as OpenAI message fields (reasoning, content, tool_calls), and whether it holds calls."""
     parser = options.reasoning_parser
     reasoning, content = (parser.extract_from_state(text, options.reasoning_state) if parser is not None
                           else (None, text))
     message: dict = {"role": "assistant", "content": content}
     if reasoning is not None and options.include_reasoning:
-        for name in options.reasoning_fields:
+        for name in reasoning_fields:
             message[name] = reasoning
     plan = options.tool_plan
     if plan is None:

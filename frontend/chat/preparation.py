@@ -1,236 +1,133 @@
-"""One chat turn for the agent APIs (Anthropic Messages, OpenAI Responses), which are layers over chat.
+"""The one chat preparation: a chat request becomes its engine request (prompt, sampling params, grammar)
+plus what reads each choice's output. /v1/chat/completions, /v1/messages and /v1/responses all call
+`ChatPreparation.prepare`; the agent APIs first translate their requests into a ChatCompletionRequest.
 
-Each API translates its request into a ChatCompletionRequest and runs it here through the chat path: the
-same checks, chat template, sampling params and engine stream as /v1/chat/completions, with n=1. What comes
-back is a small vocabulary of events that both APIs translate into their own shapes: answer text, reasoning
-text, the start of a tool call and its argument fragments. Splitting the raw model text into these is the
-chat path's own output parser (frontend.chat.output: --reasoning-parser, then the request's tool plan from
-frontend.chat.tool_choice, whose required and named choices add the grammar that forces the call), whose OpenAI
-delta fields `ChatDeltaEvents` renames into turn events; with neither in play every token is answer text.
+In order: the tool plan (frontend/chat/tool_choice.py: `tools`, `tool_choice`, the parser that reads
+calls); the chat template over the messages and the tools the template is given, in a worker thread; the
+reasoning parser (--reasoning-parser), built once per request, and the state its prompt leaves the output
+in; the grammar constraint, either the one that forces a `required` or named call (in the model's own call
+format, after the reasoning) or the request's own structured output (response_format, structured_outputs,
+guided_*); then the sampling params and max_tokens within the context. Errors name the field in the
+calling API's own names (`names`: chat field -> API field).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Protocol
+import asyncio
+from dataclasses import dataclass
 
 import msgspec
-from starlette.requests import Request
 
+from engine.sampling_params import SamplingParams
 from frontend.chat.output import ChatOutputOptions, ChatOutputParser
-from frontend.choices import Choice, stream_choice
-from frontend.errors import ApiError, from_engine_error
 from frontend.chat.protocol import ChatCompletionRequest
 from frontend.chat.reasoning import get_reasoning_parser
-from frontend.serving_engine import OpenAIServing, ServingContext
 from frontend.chat.structured_outputs import structured_outputs
+from frontend.chat.template import TemplateOutputTooLong, template_messages
 from frontend.chat.tool_choice import check_tools, forced_call_constraint, plan_tools
+from frontend.errors import ApiError, invalid
+from frontend.serving_engine import OpenAIServing
 
-TEXT = "text"
-REASONING = "reasoning"
-TOOL_CALL = "tool_call"        # a tool call starts; the event's text is the tool's name
-TOOL_ARGS = "tool_args"        # a fragment of the current tool call's JSON arguments
-
-
-@dataclass(slots=True)
-class TurnEvent:
-    kind: str
-    text: str
+MAX_TEMPLATE_OUTPUT_CHARS = 64 << 20       # a chat template's output, when the tokenizer gives no tighter bound
 
 
-@dataclass(slots=True)
-class ToolCall:
-    name: str
-    arguments: str = ""
+@dataclass(frozen=True, slots=True)
+class PreparedChat:
+    """A chat request ready for the engine."""
+
+    prompt: list[int]
+    params: SamplingParams                 # for this prompt: max_tokens set, n kept
+    output: ChatOutputOptions              # what reads each choice's text (reasoning, tool calls)
+    logprobs: int | None                   # top logprobs per token asked for (None: none)
+    structured: str | None                 # the API field of its grammar constraint, if any
+
+    def parsers(self, n: int) -> list[ChatOutputParser] | None:
+        """One output parser per choice, or None when the text is all content (nothing to read)."""
+        return [ChatOutputParser(self.output) for _ in range(n)] if self.output.active else None
 
 
-class OutputParser(Protocol):
-    """Turns the model's text, fed as it is detokenized, into turn events."""
+class ChatPreparation:
+    """The chat side of an API handler (`serving`: its tokenizing, sampling params and context)."""
 
-    def feed(self, text: str) -> list[TurnEvent]: ...
+    def __init__(self, serving: OpenAIServing):
+        self.serving = serving
+        self.ctx = serving.ctx
+        name = self.ctx.config.reasoning_parser
+        self._reasoning_parser = type(get_reasoning_parser(name)) if name else None   # an unknown name fails here
 
-    def finish(self) -> list[TurnEvent]: ...
-
-
-class TextOnly:
-    """Every token is answer text."""
-
-    def feed(self, text: str) -> list[TurnEvent]:
-        return [TurnEvent(TEXT, text)] if text else []
-
-    def finish(self) -> list[TurnEvent]:
-        return []
-
-
-class ChatDeltaEvents:
-    """The chat output parser's deltas ({"reasoning"}, {"content"}, {"tool_calls": [...]}) as turn events."""
-
-    def __init__(self, parser: ChatOutputParser):
-        self._parser = parser
-
-    def feed(self, text: str) -> list[TurnEvent]:
-        return _events(self._parser.feed(text))
-
-    def finish(self) -> list[TurnEvent]:
-        return _events(self._parser.finish())
-
-
-def _events(deltas: list[dict]) -> list[TurnEvent]:
-    events = []
-    for delta in deltas:
-        if delta.get("reasoning"):
-            events.append(TurnEvent(REASONING, delta["reasoning"]))
-        if delta.get("content"):
-            events.append(TurnEvent(TEXT, delta["content"]))
-        for call in delta.get("tool_calls", ()):
-            function = call["function"]
-            if function.get("name") is not None:
-                events.append(TurnEvent(TOOL_CALL, function["name"]))
-            if function.get("arguments"):
-                events.append(TurnEvent(TOOL_ARGS, function["arguments"]))
-    return events
-
-
-@dataclass(slots=True)
-class Turn:
-    """One generation on its way; `events()` drives it and keeps the whole output for the final object."""
-
-    engine: object
-    choice: Choice
-    prompt_tokens: int
-    parser: OutputParser
-    data_parallel_rank: int | None = None     # X-data-parallel-rank: the engine the request is pinned to
-    structured: str | None = None             # the API field of its grammar constraint, if any
-    local_paths: dict | None = None           # paths an engine error may name, and what clients see instead
-    created: int = field(default_factory=lambda: int(time.time()))
-    text: str = ""
-    reasoning: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    _stream: AsyncIterator | None = None
-    _first: tuple | None = None
-
-    async def start(self) -> None:
-        """Submit the request and wait for its first step. A constrained request calls this before it sends
-        anything, so that a grammar the engine refuses is still an error response with its own status."""
-        self._stream = stream_choice(self.engine, self.choice, data_parallel_rank=self.data_parallel_rank)
-        try:
-            self._first = await self._stream.__anext__()
-        except StopAsyncIteration:
-            pass
-        except BaseException:
-            await self._stream.aclose()
-            raise
-
-    async def events(self) -> AsyncIterator[TurnEvent]:
-        """The turn's events in order; closing the iterator early aborts the engine request."""
-        if self._stream is None:
-            self._stream = stream_choice(self.engine, self.choice, data_parallel_rank=self.data_parallel_rank)
-        async with aclosing(self._stream) as stream:
-            if self._first is not None:
-                for event in self.parser.feed(self._first[1]):
-                    self._keep(event)
-                    yield event
-            async for _, text, _ in stream:
-                for event in self.parser.feed(text):
-                    self._keep(event)
-                    yield event
-        for event in self.parser.finish():
-            self._keep(event)
-            yield event
-
-    def error(self, e: Exception) -> ApiError:
-        """What failed the turn, as the API error it is; an engine-side grammar failure names the field."""
-        error = from_engine_error(e, self.local_paths)
-        if error.status == 400 and error.param is None and self.structured is not None:
-            error.param = self.structured
-        return error
-
-    def _keep(self, event: TurnEvent) -> None:
-        if event.kind == TEXT:
-            self.text += event.text
-        elif event.kind == REASONING:
-            self.reasoning += event.text
-        elif event.kind == TOOL_CALL:
-            self.tool_calls.append(ToolCall(event.text))
-        else:
-            self.tool_calls[-1].arguments += event.text
-
-    @property
-    def finish_reason(self) -> str | None:
-        """"stop" (EOS, stop token or stop string), "length" or "abort", as the engine says."""
-        return self.choice.finish_reason
-
-    @property
-    def stop_string(self) -> str | None:
-        """The stop string that ended the turn, if one did."""
-        reason = self.choice.stop_reason
-        return reason if isinstance(reason, str) else None
-
-    @property
-    def output_tokens(self) -> int:
-        return self.choice.num_output_tokens
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.choice.num_cached_tokens
-
-
-class AgentServing(OpenAIServing):
-    """The shared base of the agent API handlers: run a translated chat request as one Turn."""
-
-    def __init__(self, ctx: ServingContext):
-        super().__init__(ctx)
-        name = ctx.config.reasoning_parser
-        self.reasoning_parser = get_reasoning_parser(name) if name else None
-
-    async def start_turn(self, request: Request, chat: ChatCompletionRequest, arrival: float, request_id: str, *,
-                         names: dict[str, str], prompt_param: str) -> Turn:
-        """Check and render `chat`, and prepare its engine request (it starts when events() is iterated),
-        as /v1/chat/completions does: the tool plan, the template with the tools, the reasoning parser's
-        state, the grammar of a forced call or the request's own structured output.
-
-        `names` maps chat fields to this API's names for error messages ("max_tokens" -> "max_output_tokens").
-        """
+    async def prepare(self, chat: ChatCompletionRequest, *, names: dict[str, str] | None = None,
+                      prompt_param: str = "messages") -> PreparedChat:
+        """Check and render `chat` and build its engine request; raises ApiError (400) naming the field."""
+        names = names or {}
+        if chat.top_logprobs is not None and not chat.logprobs:
+            raise invalid("top_logprobs needs logprobs to be true", names.get("top_logprobs", "top_logprobs"))
         config = self.ctx.config
+        compact = chat.structured_outputs is not None and chat.structured_outputs.disable_any_whitespace
         try:
             plan = plan_tools(chat.tools, chat.tool_choice, chat.parallel_tool_calls,
                               tool_call_parser=config.tool_call_parser,
                               enable_auto_tool_choice=config.enable_auto_tool_choice,
-                              exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none)
-            prompt_text, prompt = await self.render_chat(chat, chat.add_special_tokens,
-                                                         tools=plan.template_tools if plan else None)
-            reasoning = self.reasoning_parser
-            options = ChatOutputOptions(reasoning, reasoning.initial_state(prompt_text) if reasoning else 0, plan)
+                              exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
+                              max_whitespace_cnt=1 if compact else None)
+            prompt_text, prompt = await self.render(chat, chat.add_special_tokens,
+                                                    tools=plan.template_tools if plan else None)
+            reasoning = self._reasoning_parser() if self._reasoning_parser else None
+            output = ChatOutputOptions(reasoning, reasoning.initial_state(prompt_text) if reasoning else 0, plan,
+                                       chat.include_reasoning)
             if plan is not None and plan.forced:
-                structured = await forced_call_constraint(chat, plan, reasoning, options.reasoning_state)
+                structured = await forced_call_constraint(chat, plan, reasoning, output.reasoning_state)
                 structured_param = "tool_choice"
             else:
                 structured, structured_param = await structured_outputs(chat)
         except ApiError as e:
             raise _renamed(e, names) from None
-        params = self.sampling_params(chat, logprobs=None, prompt_logprobs=None, names=names,
-                                      structured_outputs=structured)
+        logprobs = (chat.top_logprobs or 0) if chat.logprobs else None
+        max_tokens, max_tokens_param = chat.max_completion_tokens, "max_completion_tokens"
+        if max_tokens is None:
+            max_tokens, max_tokens_param = chat.max_tokens, "max_tokens"
+        max_tokens_param = names.get(max_tokens_param, max_tokens_param)
+        serving = self.serving
+        params = serving.sampling_params(chat, logprobs=logprobs, prompt_logprobs=chat.prompt_logprobs,
+                                         names={"logprobs": "top_logprobs", **names, "max_tokens": max_tokens_param},
+                                         structured_outputs=structured)
         if plan is not None and plan.parser is not None and plan.parser.keeps_special_tokens:
             params = msgspec.structs.replace(params, skip_special_tokens=False)
-        params = self.prompt_params(params, len(prompt), chat.max_tokens, names.get("max_tokens", "max_tokens"),
-                                    prompt_param)
-        [choice] = self.make_choices(request_id, [prompt], [params], 1, arrival, keep_output=False)
-        parser = ChatDeltaEvents(ChatOutputParser(options)) if options.active else TextOnly()
-        structured_field = _renamed_param(structured_param, names) if structured_param else None
-        return Turn(self.engine, choice, len(prompt), parser, self.data_parallel_rank(request), structured_field,
-                    self.ctx.local_paths)
+        params = serving.prompt_params(params, len(prompt), max_tokens, max_tokens_param, prompt_param)
+        return PreparedChat(prompt, params, output, logprobs,
+                            _renamed_param(structured_param, names) if structured_param else None)
+
+    async def render(self, req, add_special_tokens: bool, tools: list[dict] | None = None) -> tuple[str, list[int]]:
+        """(prompt text, token ids) of req.messages through the chat template, with the request's
+        chat_template_kwargs over --default-chat-template-kwargs; rendered in a worker thread (Jinja is slow),
+        its output bounded by the context. `req`: a chat request or /tokenize's messages form."""
+        ctx, serving = self.ctx, self.serving
+        template = ctx.chat_template
+        if template is None:
+            raise invalid("this model has no chat template; start the server with --chat-template", "messages")
+        rendered = template_messages(req.messages)
+        extra = {**ctx.config.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
+        max_chars = ctx.max_prompt_chars or MAX_TEMPLATE_OUTPUT_CHARS
+
+        def render() -> str:
+            try:
+                return template.render(rendered, add_generation_prompt=req.add_generation_prompt,
+                                       continue_final_message=req.continue_final_message, extra=extra,
+                                       tools=tools, max_chars=max_chars)
+            except TemplateOutputTooLong as e:
+                serving.check_prompt_chars(e.length, "messages")
+                raise invalid(f"the chat template's output exceeds {max_chars} characters", "messages") from None
+
+        text = await asyncio.to_thread(render)
+        return text, (await serving.tokenize_prompts([text], add_special_tokens, "messages"))[0]
 
     async def count_prompt_tokens(self, chat: ChatCompletionRequest) -> int:
-        """Tokens of the prompt `chat` renders to (count_tokens, with the tools the template is given)."""
+        """Tokens of the prompt `chat` renders to, with the tools the template is given (count_tokens)."""
         tools = chat.tools
         if tools is not None:
             check_tools(tools)
             if chat.tool_choice == "none" and self.ctx.config.exclude_tools_when_tool_choice_none:
                 tools = None
-        return len((await self.render_chat(chat, chat.add_special_tokens, tools=tools))[1])
+        return len((await self.render(chat, chat.add_special_tokens, tools=tools))[1])
 
 
 def _renamed_param(param: str, names: dict[str, str]) -> str:

@@ -1,4 +1,6 @@
-"""OpenAI request types (plus vLLM's extensions) as msgspec Structs: decoding a body validates it.
+"""The chat request (OpenAI's shape, plus vLLM's extensions) as msgspec Structs: decoding a body validates it.
+The other APIs translate their requests into it; `SamplingRequest` and the bounded field types are shared
+with the completions request (frontend/openai/protocol.py) and the other APIs' own types.
 
 Ranges follow OpenAI's documentation (temperature 0..2, penalties -2..2, top_logprobs 0..20, n 1..128,
 logit_bias -100..100); sizes are bounded so that no single field can make the server do unbounded work.
@@ -14,7 +16,6 @@ from msgspec import Meta
 
 from engine.sampling_params import MAX_N, MAX_STOP_STRINGS
 
-MAX_PROMPTS = 256              # prompts in one completions request
 MAX_CHOICES = 512              # prompts x n
 MAX_MESSAGES = 4096
 MAX_STOP_STRING_CHARS = 1024
@@ -113,19 +114,6 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-DEFAULT_COMPLETION_MAX_TOKENS = 16     # OpenAI's and vLLM's default when a completions request omits max_tokens
-
-
-class CompletionRequest(SamplingRequest, kw_only=True):
-    # Omitted: 16 (OpenAI's default, capped by the context); an explicit null: what the context allows (vLLM's).
-    max_tokens: PositiveInt | None | msgspec.UnsetType = msgspec.UNSET
-    # str | list[str] | list[int] | list[list[int]]; msgspec allows one array type per union, so the list's
-    # elements are checked to be all of one kind when the request is served.
-    prompt: str | Annotated[list[str | int | TokenIdList], Meta(max_length=1 << 20)]
-    echo: bool = False
-    logprobs: NonNegativeInt | None = None
-
-
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
     # a string, or content parts ({"type": "text", "text": ...}; other types are refused when served)
@@ -156,21 +144,3 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     add_special_tokens: bool = False
     echo: bool = False                # vLLM's: the reply starts with the final message's text when that
                                       # message is the assistant's (continue_final_message's usual pair)
-
-
-class TokenizeRequest(msgspec.Struct, kw_only=True):
-    """vLLM's /tokenize: either a prompt or chat messages (with the chat template fields of chat requests)."""
-
-    model: ShortStr | None = None
-    prompt: str | None = None
-    messages: Messages | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    add_special_tokens: bool | None = None   # default: True for a prompt, False for messages
-    return_token_strs: bool = False
-
-
-class DetokenizeRequest(msgspec.Struct, kw_only=True):
-    model: ShortStr | None = None
-    tokens: Annotated[list[NonNegativeInt], Meta(max_length=1 << 20)]

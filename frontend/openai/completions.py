@@ -7,21 +7,20 @@ import time
 import msgspec
 from starlette.requests import Request
 
-from engine.outputs import RequestDelta
+from frontend.chat.structured_outputs import structured_outputs
 from frontend.choices import Choice
 from frontend.errors import invalid
-from frontend.openai.logprobs import completion_logprobs, prompt_logprobs_json
-from frontend.chat.protocol import DEFAULT_COMPLETION_MAX_TOKENS, MAX_PROMPTS, CompletionRequest
 from frontend.http_responses import DisconnectAwareResponse
-from frontend.serving_engine import GenerationJob, OpenAIServing
-from frontend.chat.structured_outputs import structured_outputs
+from frontend.openai.logprobs import completion_logprobs, prompt_logprobs_json
+from frontend.openai.protocol import DEFAULT_COMPLETION_MAX_TOKENS, MAX_PROMPTS, CompletionRequest
+from frontend.openai.wire import OpenAIWire
+from frontend.runner import Run, Step
+from frontend.serving_engine import OpenAIServing, ServingContext
 
 _PROMPT_KINDS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    object_name = "text_completion"
-
     async def create_completion(self, request: Request) -> DisconnectAwareResponse:
         arrival = time.monotonic()
         req = await self.read(request, CompletionRequest)
@@ -44,16 +43,10 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.echo:
             echo_texts = texts or [self.decode(ids) for ids in prompts]
         response_id = self.new_id("cmpl")
-        job = GenerationJob(
-            response_id=response_id, created=int(time.time()),
-            choices=self.make_choices(response_id, prompts, per_prompt, req.n, arrival,
-                                      keep_output=not req.stream, echo_texts=echo_texts),
-            prompt_tokens=sum(map(len, prompts)), stream=req.stream, include_usage=req.include_usage,
-            logprobs=req.logprobs, priority=req.priority, cache_salt=req.cache_salt, echo=req.echo,
-            prompt_logprobs=req.prompt_logprobs is not None, data_parallel_rank=self.data_parallel_rank(request),
-            structured=structured_param,
-        )
-        return self.respond(job)
+        run = self.run(request, response_id, prompts, per_prompt, req.n, arrival, keep_output=not req.stream,
+                       echo_texts=echo_texts, priority=req.priority, cache_salt=req.cache_salt,
+                       structured=structured_param)
+        return run.respond(CompletionWire(run, self.ctx, req), req.stream)
 
     def _max_tokens(self, req: CompletionRequest, prompt_len: int) -> int | None:
         if req.max_tokens is not msgspec.UNSET:
@@ -80,30 +73,44 @@ class OpenAIServingCompletion(OpenAIServing):
             return [], prompt
         raise invalid(f"prompt mixes kinds; it must be {_PROMPT_KINDS}", "prompt")
 
-    def _chunk(self, job: GenerationJob, choice: Choice, text: str, delta: RequestDelta | None) -> dict:
+
+class CompletionWire(OpenAIWire):
+    object_name = "text_completion"
+
+    def __init__(self, run: Run, ctx: ServingContext, req: CompletionRequest):
+        super().__init__(run, ctx.model_name, include_usage=req.include_usage, logprobs=req.logprobs)
+        self.token_strings = ctx.token_strings
+        self.echo = req.echo
+        self.prompt_logprobs = req.prompt_logprobs is not None
+
+    def text_item(self, choice: Choice, text: str) -> dict:
+        return {"index": choice.index, "text": text, "logprobs": None, "finish_reason": None, "stop_reason": None}
+
+    def step_chunk(self, step: Step) -> dict:
+        choice, delta = step.choice, step.delta
         logprobs = None
-        if delta is not None and job.logprobs is not None:
+        if self.logprobs is not None:
             ids, rows = [], []
-            if job.echo and delta.prompt_logprobs:
+            if self.echo and delta.prompt_logprobs:
                 start = choice.prompt_position
                 choice.prompt_position += len(delta.prompt_logprobs)
                 ids += choice.prompt_token_ids[start:choice.prompt_position]
                 rows += delta.prompt_logprobs
             ids += delta.new_token_ids
             rows += delta.logprobs or ()
-            logprobs, choice.text_offset = completion_logprobs(ids, rows, self.ctx.token_strings,
-                                                               choice.text_offset)
-        return self.chunk_for(job, {"index": choice.index, "text": text, "logprobs": logprobs,
-                                    "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason})
+            logprobs, choice.text_offset = completion_logprobs(ids, rows, self.token_strings, choice.text_offset)
+        return self.chunk_for({"index": choice.index, "text": step.text, "logprobs": logprobs,
+                               "finish_reason": choice.finish_reason if step.finished else None,
+                               "stop_reason": choice.stop_reason if step.finished else None})
 
-    def _response_body(self, job: GenerationJob) -> dict:
-        strs = self.ctx.token_strings
+    def body(self) -> dict:
+        strs = self.token_strings
         choices = []
-        for choice in job.choices:
+        for choice in self.run.choices:
             logprobs = None
-            if job.logprobs is not None:
+            if self.logprobs is not None:
                 ids, rows = [], []
-                if job.echo:
+                if self.echo:
                     prompt = choice.prompt_token_ids
                     ids += prompt
                     rows += choice.prompt_logprobs[:len(prompt)]
@@ -113,7 +120,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 logprobs, _ = completion_logprobs(ids, rows, strs)
             item = {"index": choice.index, "text": choice.text, "logprobs": logprobs,
                     "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
-            if job.prompt_logprobs:
+            if self.prompt_logprobs:
                 item["prompt_logprobs"] = prompt_logprobs_json(choice.prompt_logprobs, strs)
             choices.append(item)
-        return self.body_for(job, self.object_name, choices)
+        return self.body_for(self.object_name, choices)
