@@ -19,7 +19,10 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-_WHITESPACE = " \t\n\r"
+WHITESPACE = " \t\n\r"
+# States every format has besides its own (numbered from 0, the first): reading a call, and passing (what
+# looked like calls was none: the rest of the output is content).
+PASS, CALL = -1, -2
 
 
 def make_tool_call_id() -> str:
@@ -81,11 +84,11 @@ class ContentBuffer:
 
     def add(self, text: str) -> None:
         if self.after_call:
-            text = text.lstrip(_WHITESPACE)
+            text = text.lstrip(WHITESPACE)
             self.after_call = not text
         if not text:
             return
-        body = text.rstrip(_WHITESPACE)
+        body = text.rstrip(WHITESPACE)
         if body:
             self.out.append(self.held + body)
             self.held = text[len(body):]
@@ -103,8 +106,13 @@ class ContentBuffer:
 
 
 class ToolCallStreamer:
-    """Turns pieces of model text into ParsedDeltas. Subclasses implement `_feed` and `_finish`, appending
-    to `self.content` and `self.calls_out`; `feed`/`finish` package what one piece produced."""
+    """Turns pieces of model text into ParsedDeltas. A format is a state machine: `_step` makes one move,
+    appending to `self.content` and `self.calls_out` (through `announce` and `arguments`); `feed`/`finish`
+    package what one piece produced. Text a format holds back (`held`: what may still turn out to be a
+    call's opening) is content if the output ends there; in state PASS (`give_up`) everything is content."""
+
+    state = 0                          # every format numbers its states from its first, 0
+    held = ""
 
     def __init__(self) -> None:
         self.content = ContentBuffer()
@@ -117,7 +125,9 @@ class ToolCallStreamer:
         self.broken: tuple[int, int] | None = None
 
     def feed(self, text: str) -> ParsedDelta:
-        self._feed(text)
+        stop = 0 if self.state == PASS else self._feed(text)
+        if self.state == PASS:
+            self.content.add(text[stop:])
         self.offset += len(text)
         return self._take()
 
@@ -151,6 +161,25 @@ class ToolCallStreamer:
         if self.broken is None:
             self.broken = self._call_start
 
+    def give_up(self, replay: str) -> None:
+        """What looked like a call is none: its text so far (`replay`) is content, and so is the rest."""
+        self.content.add(replay)
+        self.held, self.state = "", PASS
+
+    def list_syntax(self, c: str, i: int, opening: int, item: int, following: int) -> int:
+        """The list syntax of the formats whose calls come as a list (`[a, b]`), at character c = text[i]:
+        whitespace is held, `[` in state `opening` or `,` in state `following` (after an item) wait for an
+        item (state `item`); anything else means these were no calls."""
+        if c in WHITESPACE:
+            self.held += c
+            return i + 1
+        if c == "[" and self.state == opening or c == "," and self.state == following:
+            self.held += c
+            self.state = item
+            return i + 1
+        self.give_up(self.held)
+        return i
+
     def new_id(self) -> str:
         return make_tool_call_id()
 
@@ -160,11 +189,21 @@ class ToolCallStreamer:
         calls, self.calls_out = self.calls_out, []
         return ParsedDelta(text, calls)
 
-    def _feed(self, text: str) -> None:
+    def _feed(self, text: str) -> int:
+        """Read `text`; returns where it stopped: its end, or where the streamer passed (state PASS)."""
+        i, n = 0, len(text)
+        while i < n and self.state != PASS:
+            i = self._step(text, i)
+        return i
+
+    def _step(self, text: str, i: int) -> int:
+        """One move of the format's state machine at text[i]; returns where the next move starts."""
         raise NotImplementedError
 
     def _finish(self) -> None:
-        raise NotImplementedError
+        """The output ended: the text held back is content (whitespace next to a call is not)."""
+        if self.state != PASS:
+            self.content.add(self.held)
 
 
 class ToolParser:
@@ -175,9 +214,10 @@ class ToolParser:
     # some Hermes tokenizers), which detokenizing with skip_special_tokens would remove (as vLLM, the
     # request then keeps them).
     keeps_special_tokens = False
+    streamer_class: type[ToolCallStreamer]
 
     def streamer(self) -> ToolCallStreamer:
-        raise NotImplementedError
+        return self.streamer_class()
 
     def extract(self, text: str) -> ExtractedToolCalls:
         streamer = self.streamer()

@@ -27,16 +27,18 @@ class ArgumentsOnlyStreamer(ToolCallStreamer):
         self.index: int | None = None
         self.scanner = JsonScanner()
 
-    def _feed(self, text: str) -> None:
+    def _feed(self, text: str) -> int:
+        n = len(text)
         if self.index is None:
             text = text.lstrip(_WS)
             if not text:
-                return
+                return n
             self.index = self.announce(self.name, self.offset)
         stop = self.scanner.feed(text)
         if self.scanner.error is not None or stop < len(text.rstrip(_WS)):
             self.mark_broken()
         self.arguments(self.index, text)
+        return n
 
     def _finish(self) -> None:
         self.scanner.finish_number()

@@ -1,4 +1,5 @@
-"""One `{"name": N, "arguments": {...}}` call object read as it streams (hermes, llama3_json, mistral).
+"""One `{"name": N, "arguments": {...}}` call object read as it streams (hermes, llama3_json, mistral), and
+the streamer base of those formats: the one place where a broken call turns back into content.
 
 The reader announces the call once its name is complete and then forwards the raw text of the arguments
 value as it arrives (`"parameters"` is accepted for `"arguments"`, as Llama 3.1 writes it). Arguments given
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from frontend.chat.tool_parsers.base import ToolCallStreamer
+from frontend.chat.tool_parsers.base import CALL, PASS, ToolCallStreamer
 from frontend.chat.tool_parsers.json_scan import JsonScanner
 
 ARGUMENT_KEYS = ("arguments", "parameters")
@@ -110,3 +111,39 @@ class JsonCallReader:
             return
         self.streamer.arguments(self.index, self._text(text, base, a, b))
         self.sent = b
+
+
+class JsonCallStreamer(ToolCallStreamer):
+    """A format whose calls are JSON objects: `start_call` at an object's '{', then `read_call` (state CALL)."""
+
+    reader: JsonCallReader | None = None
+
+    def start_call(self, block_start: int) -> None:
+        """A call object starts here; its block (with `held`, the format's text before the '{') began at
+        offset block_start of the model text."""
+        self.reader = JsonCallReader(self, block_start)
+        self.state = CALL
+
+    def read_call(self, text: str, i: int, then: int) -> int:
+        """Read text[i:] into the current call; returns where it stopped. A complete call hands over to the
+        format's state `then`, holding nothing back. A call that breaks was content all along when it was
+        not announced yet (`held`, then what the reader took), and breaks the stream's call otherwise (a
+        stream cannot take the announcement back): the rest is content."""
+        reader = self.reader
+        i = reader.feed(text, i)
+        if reader.error is None:
+            if reader.done:
+                self.held, self.state = "", then
+            return i
+        if reader.announced:
+            self.mark_broken()
+            self.held, self.state = "", PASS
+        else:
+            self.give_up(self.held + "".join(reader.pieces))
+        return i
+
+    def _finish(self) -> None:
+        if self.state == CALL:
+            self.reader.end_unfinished(self.held)
+        else:
+            super()._finish()

@@ -6,92 +6,53 @@ otherwise it is all content. Calls are separated by `;`. Text after the last cal
 
 from __future__ import annotations
 
-from frontend.chat.tool_parsers.base import ToolCallStreamer, ToolParser
-from frontend.chat.tool_parsers.json_call import JsonCallReader
+from frontend.chat.tool_parsers.base import CALL, WHITESPACE, ToolParser
+from frontend.chat.tool_parsers.json_call import JsonCallStreamer
 
 PYTHON_TAG = "<|python_tag|>"
-_WS = " \t\n\r"
-_START, _CALL, _BETWEEN, _NEXT, _PASS = range(5)
+_START, _BETWEEN, _NEXT = range(3)
 
 
-class Llama3JsonStreamer(ToolCallStreamer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.state = _START
-        self.lead = ""               # whitespace and python tag before the first call
-        self.tag_matched = 0
-        self.reader: JsonCallReader | None = None
-        self.between = ""            # separator text after a call
+class Llama3JsonStreamer(JsonCallStreamer):
+    """`held`: the whitespace and python tag before the first call, then the separator after a call."""
 
-    def _feed(self, text: str) -> None:
-        i, n = 0, len(text)
-        while i < n:
-            state = self.state
-            c = text[i]
-            if state == _START:
-                if self.tag_matched and c == PYTHON_TAG[self.tag_matched]:
-                    self.tag_matched = (self.tag_matched + 1) % len(PYTHON_TAG)
-                    self.lead += c
-                    i += 1
-                elif self.tag_matched == 0 and c in _WS:
-                    self.lead += c
-                    i += 1
-                elif self.tag_matched == 0 and c == "<" and PYTHON_TAG not in self.lead:
-                    self.tag_matched = 1
-                    self.lead += c
-                    i += 1
-                elif self.tag_matched == 0 and c == "{":
-                    self.between = self.lead        # replayed as content if this is no call after all
-                    self._start_call(i)
-                else:
-                    self._give_up(self.lead)
-            elif state == _CALL:
-                reader = self.reader
-                i = reader.feed(text, i)
-                if reader.error is not None:
-                    if reader.announced:
-                        self.mark_broken()
-                        self.state = _PASS
-                    else:
-                        self._give_up(self.between + "".join(reader.pieces))
-                elif reader.done:
-                    self.state, self.between = _BETWEEN, ""
-            elif state in (_BETWEEN, _NEXT):
-                if c in _WS:
-                    self.between += c
-                    i += 1
-                elif c == ";" and state == _BETWEEN:
-                    self.between += c
-                    self.state = _NEXT
-                    i += 1
-                elif c == "{" and state == _NEXT:
-                    self._start_call(i)
-                else:
-                    self._give_up(self.between)
-            else:
-                self.content.add(text[i:])
-                return
+    tag_matched = 0              # characters of PYTHON_TAG matched
 
-    def _start_call(self, i: int) -> None:
-        self.reader = JsonCallReader(self, self.offset + i)
-        self.state = _CALL
-
-    def _give_up(self, replay: str) -> None:
-        self.content.add(replay)
-        self.state = _PASS
-
-    def _finish(self) -> None:
-        if self.state == _START:
-            self.content.add(self.lead)
-        elif self.state == _CALL:
-            self.reader.end_unfinished(self.between)
-        elif self.state == _NEXT:
-            self.content.add(self.between)
-
+    def _step(self, text: str, i: int) -> int:
+        state = self.state
+        if state == CALL:
+            return self.read_call(text, i, _BETWEEN)
+        c = text[i]
+        if state == _START:               # whitespace and the python tag before the first call
+            if self.tag_matched:
+                if c != PYTHON_TAG[self.tag_matched]:
+                    self.give_up(self.held)
+                    return i
+                self.tag_matched = (self.tag_matched + 1) % len(PYTHON_TAG)
+            elif c == "{":
+                self.start_call(self.offset + i)          # held is replayed as content if this is no call
+                return i
+            elif c == "<" and PYTHON_TAG not in self.held:
+                self.tag_matched = 1
+            elif c not in WHITESPACE:
+                self.give_up(self.held)
+                return i
+            self.held += c
+            return i + 1
+        if c in WHITESPACE:                      # after a call (_BETWEEN), or after its ';' (_NEXT)
+            self.held += c
+            return i + 1
+        if c == ";" and state == _BETWEEN:
+            self.held += c
+            self.state = _NEXT
+            return i + 1
+        if c == "{" and state == _NEXT:
+            self.start_call(self.offset + i)
+        else:
+            self.give_up(self.held)
+        return i
 
 class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
     keeps_special_tokens = True
-
-    def streamer(self) -> ToolCallStreamer:
-        return Llama3JsonStreamer()
+    streamer_class = Llama3JsonStreamer

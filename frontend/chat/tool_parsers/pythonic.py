@@ -13,13 +13,12 @@ import ast
 import json
 import re
 
-from frontend.chat.tool_parsers.base import ToolCallStreamer, ToolParser
+from frontend.chat.tool_parsers.base import CALL, ToolCallStreamer, ToolParser
 
 MAX_CALL_CHARS = 1 << 20
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
-_WS = " \t\n\r"
 _OPENERS, _CLOSERS = "([{", ")]}"
-_START, _ITEM, _CALL, _NEXT, _AFTER, _PASS = range(6)
+_START, _ITEM, _NEXT, _AFTER = range(4)
 
 
 def parse_call(text: str) -> tuple[str, str] | None:
@@ -36,10 +35,10 @@ def parse_call(text: str) -> tuple[str, str] | None:
 
 
 class PythonicStreamer(ToolCallStreamer):
+    """`held`: list syntax and whitespace not yet known to belong to calls."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.state = _START
-        self.held = ""               # list syntax and whitespace not yet known to belong to calls
         self.call: list[str] = []    # the current call's text
         self.call_chars = 0
         self.block_start = 0
@@ -47,36 +46,20 @@ class PythonicStreamer(ToolCallStreamer):
         self.quote = ""              # the open string literal's quote character
         self.escape = False
 
-    def _feed(self, text: str) -> None:
-        i, n = 0, len(text)
-        while i < n:
-            state = self.state
-            c = text[i]
-            if state == _CALL:
-                i = self._read_call(text, i)
-            elif state == _PASS:
-                self.content.add(text[i:])
-                return
-            elif c in _WS:
-                self.held += c
-                i += 1
-            elif state == _START and c == "[":
-                self.held += c
-                self.state = _ITEM
-                i += 1
-            elif state == _ITEM and (c.isalpha() or c == "_"):
-                self.block_start = self.offset + i - len(self.held)
-                self.call, self.call_chars, self.depth, self.quote = [], 0, 0, ""
-                self.state = _CALL
-            elif state == _NEXT and c == ",":
-                self.held += c
-                self.state = _ITEM
-                i += 1
-            elif state == _NEXT and c == "]":
-                self.held, self.state = "", _AFTER
-                i += 1
-            else:
-                self._give_up(self.held)
+    def _step(self, text: str, i: int) -> int:
+        state = self.state
+        if state == CALL:
+            return self._read_call(text, i)
+        c = text[i]
+        if state == _ITEM and (c.isalpha() or c == "_"):
+            self.block_start = self.offset + i - len(self.held)
+            self.call, self.call_chars, self.depth, self.quote = [], 0, 0, ""
+            self.state = CALL
+            return i
+        if state == _NEXT and c == "]":
+            self.held, self.state = "", _AFTER
+            return i + 1
+        return self.list_syntax(c, i, _START, _ITEM, _NEXT)
 
     def _read_call(self, text: str, i: int) -> int:
         """Read the call up to its closing parenthesis; then parse and announce it."""
@@ -108,26 +91,20 @@ class PythonicStreamer(ToolCallStreamer):
         call_text = "".join(self.call)
         parsed = parse_call(call_text) if self.depth == 0 and call_text.endswith(")") else None
         if parsed is None:
-            self._give_up(self.held + call_text)
+            self.give_up(self.held + call_text)
             return i
         index = self.announce(parsed[0], self.block_start)
         self.arguments(index, parsed[1])
         self.held, self.state = "", _NEXT
         return i
 
-    def _give_up(self, replay: str) -> None:
-        self.content.add(replay)
-        self.state = _PASS
-
     def _finish(self) -> None:
-        if self.state in (_START, _ITEM, _NEXT):
-            self.content.add(self.held)
-        elif self.state == _CALL:
+        if self.state == CALL:
             self.content.add(self.held + "".join(self.call))
+        else:
+            super()._finish()
 
 
 class PythonicToolParser(ToolParser):
     name = "pythonic"
-
-    def streamer(self) -> ToolCallStreamer:
-        return PythonicStreamer()
+    streamer_class = PythonicStreamer
