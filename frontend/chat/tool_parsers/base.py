@@ -166,6 +166,19 @@ class ToolCallStreamer:
         self.content.add(replay)
         self.held, self.state = "", PASS
 
+    def until_marker(self, text: str, i: int, marker: str) -> int | None:
+        """Content up to `marker` in held + text[i:]: where the marker ends in text, or None when it is not
+        there yet (a partial marker at the end is held back until the next piece says)."""
+        buffer = self.held + text[i:]
+        at = buffer.find(marker)
+        if at < 0:
+            keep = longest_prefix_suffix(buffer, marker)
+            self.content.add(buffer[:len(buffer) - keep])
+            self.held = buffer[len(buffer) - keep:]
+            return None
+        self.content.add(buffer[:at])
+        return i + at + len(marker) - len(self.held)
+
     def list_syntax(self, c: str, i: int, opening: int, item: int, following: int) -> int:
         """The list syntax of the formats whose calls come as a list (`[a, b]`), at character c = text[i]:
         whitespace is held, `[` in state `opening` or `,` in state `following` (after an item) wait for an

@@ -6,7 +6,7 @@ next piece says whether it is one. The last block may stay unclosed when the out
 
 from __future__ import annotations
 
-from frontend.chat.tool_parsers.base import CALL, WHITESPACE, ToolParser, longest_prefix_suffix
+from frontend.chat.tool_parsers.base import CALL, WHITESPACE, ToolParser
 from frontend.chat.tool_parsers.json_call import JsonCallStreamer
 
 START, END = "<tool_call>", "</tool_call>"
@@ -23,18 +23,12 @@ class HermesStreamer(JsonCallStreamer):
     def _step(self, text: str, i: int) -> int:
         state = self.state
         if state == _TEXT:
-            buffer = self.held + text[i:]
-            at = buffer.find(START)
-            if at < 0:
-                keep = longest_prefix_suffix(buffer, START)
-                self.content.add(buffer[:len(buffer) - keep])
-                self.held = buffer[len(buffer) - keep:]
+            end = self.until_marker(text, i, START)
+            if end is None:
                 return len(text)
-            self.content.add(buffer[:at])
-            self.block_start = self.offset + i - len(self.held) + at
-            i += at + len(START) - len(self.held)
+            self.block_start = self.offset + end - len(START)
             self.held, self.state = START, _OPEN
-            return i
+            return end
         if state == CALL:
             return self.read_call(text, i, _AFTER)
         c = text[i]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 import string
 
-from frontend.chat.tool_parsers.base import CALL, PASS, ToolParser, longest_prefix_suffix
+from frontend.chat.tool_parsers.base import CALL, PASS, ToolParser
 from frontend.chat.tool_parsers.json_call import JsonCallStreamer
 
 BOT = "[TOOL_CALLS]"
@@ -34,17 +34,11 @@ class MistralStreamer(JsonCallStreamer):
     def _step(self, text: str, i: int) -> int:
         state = self.state
         if state == _TEXT:
-            buffer = self.held + text[i:]
-            at = buffer.find(self.marker)
-            if at < 0:
-                keep = longest_prefix_suffix(buffer, self.marker)
-                self.content.add(buffer[:len(buffer) - keep])
-                self.held = buffer[len(buffer) - keep:]
+            end = self.until_marker(text, i, self.marker)
+            if end is None:
                 return len(text)
-            self.content.add(buffer[:at])
-            i += at + len(self.marker) - len(self.held)
             self.held, self.state = self.marker, _OPEN
-            return i
+            return end
         if state == CALL:
             return self.read_call(text, i, _NEXT)
         c = text[i]
