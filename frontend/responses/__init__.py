@@ -1,1 +1,3 @@
-"""OpenAI's Responses API: /v1/responses (create, get, delete) and its store, as a layer over chat."""
+"""OpenAI's Responses API as a layer over chat: the request types (`protocol.py`), their translation into a
+chat request (`translate.py`), /v1/responses create, get and delete (`handlers.py`), and the bounded,
+expiring store of earlier responses (`store.py`)."""

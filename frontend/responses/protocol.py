@@ -2,7 +2,7 @@
 
 `input` is a string or a list of items. OpenAI's shorthand message item ({role, content}) has no "type",
 so the items cannot be a tagged union: an item is one Struct whose fields are the union of the item kinds',
-and responses_translate checks each kind's required fields, naming the field. Content parts, tools and
+and responses/translate.py checks each kind's required fields, naming the field. Content parts, tools and
 text formats carry a "type" and are tagged unions or literals, so the parser itself refuses unknown ones.
 """
 

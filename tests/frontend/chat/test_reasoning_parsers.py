@@ -1,4 +1,4 @@
-"""frontend/reasoning: `<think>` reasoning split from content, whole and streamed at every character
+"""frontend/chat/reasoning: `<think>` reasoning split from content, whole and streamed at every character
 boundary, with the initial state taken from the rendered prompt."""
 
 from __future__ import annotations

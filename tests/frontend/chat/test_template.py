@@ -1,4 +1,4 @@
-"""frontend/chat_template.py: renders exactly as transformers' apply_chat_template; sandboxed; text parts only."""
+"""frontend/chat/template.py: renders exactly as transformers' apply_chat_template; sandboxed; text parts only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""frontend/tool_choice: vLLM's checks of tools and tool_choice (400 naming the field), and the grammars
+"""frontend/chat/tool_choice: vLLM's checks of tools and tool_choice (400 naming the field), and the grammars
 of forced calls: each accepts the calls its own parser reads (arguments valid for the tool's parameters)
 and refuses anything else."""
 

@@ -1,4 +1,4 @@
-"""frontend/tool_parsers: canned model text in each format, whole and streamed split at every character
+"""frontend/chat/tool_parsers: canned model text in each format, whole and streamed split at every character
 boundary (a superset of every token boundary) and at the Qwen3 tokenizer's token boundaries; streams must
 give the whole result: the same content and calls, each call announced once with its id and whole name,
 its argument fragments concatenating to the whole arguments."""
