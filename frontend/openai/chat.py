@@ -55,6 +55,8 @@ class ChatCompletionWire(OpenAIWire):
         self.output: ChatOutputOptions | None = prepared.output if prepared.output.active else None
         self.reasoning_fields = reasoning_fields
         self.prompt_logprobs = prompt_logprobs
+        if run.parsers is not None:           # read output: one chunk per part (else the plain fast path)
+            self.frames = self._parsed_frames
 
     def head(self) -> bytes:
         super().head()
@@ -68,9 +70,7 @@ class ChatCompletionWire(OpenAIWire):
         return {"index": choice.index, "delta": {"content": text}, "logprobs": None, "finish_reason": None,
                 "stop_reason": None}
 
-    def frames(self, step: Step) -> bytes:
-        if step.parts is None:
-            return super().frames(step)
+    def _parsed_frames(self, step: Step) -> bytes:
         return b"".join(sse(chunk) for chunk in self._parsed_chunks(step))
 
     def step_chunk(self, step: Step) -> dict:
