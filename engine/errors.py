@@ -13,3 +13,8 @@ class EngineDeadError(RuntimeError):
 
 class ExecutorError(RuntimeError):
     """An executor failed or died; the message says which and how."""
+
+
+class UnsupportedTaskError(ValueError):
+    """The request's kind is not what the model serves: generation from a pooling (embedding) model, or an
+    embedding from a generative one. The message says which kind the model is."""

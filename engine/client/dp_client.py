@@ -26,7 +26,8 @@ from engine.client.engine_client import EngineClient
 from engine.client.router import Router, load_score
 from engine.config import EngineConfig
 from engine.messages import SchedulerStats
-from engine.outputs import EngineDeadError, RequestDelta
+from engine.outputs import EngineDeadError, PoolingRequestOutput, RequestDelta
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 
@@ -197,6 +198,23 @@ class DPEngineClient:
             self._where.pop(request_id, None)
             await stream.aclose()
 
+    async def encode(self, request_id: str, prompt_token_ids, pooling_params: PoolingParams | None = None, *,
+                     priority: int = 0, arrival_time: float | None = None,
+                     data_parallel_rank: int | None = None) -> AsyncIterator[PoolingRequestOutput]:
+        self._check_alive()
+        self.clients[0].check_task(pooling=True)
+        rank = self.route(request_id, prompt_token_ids, None, data_parallel_rank)
+        stream = self.clients[rank].encode(request_id, prompt_token_ids, pooling_params, priority=priority,
+                                           arrival_time=arrival_time)
+        try:
+            async for output in stream:
+                yield output
+        except EngineDeadError as e:
+            raise EngineDeadError(f"data-parallel engine {rank}: {e}") from None
+        finally:
+            self._where.pop(request_id, None)
+            await stream.aclose()
+
     async def abort(self, request_id: str) -> None:
         rank = self._where.get(request_id)
         if rank is not None:
@@ -217,6 +235,17 @@ class DPEngineClient:
         try:
             self.clients[rank].add_request(request_id, prompt_token_ids, params, priority=priority,
                                            cache_salt=cache_salt)
+        except BaseException:
+            self._where.pop(request_id, None)
+            raise
+
+    def add_pooling_request(self, request_id: str, prompt_token_ids, pooling_params: PoolingParams | None = None,
+                            *, priority: int = 0, data_parallel_rank: int | None = None) -> None:
+        self._check_alive()
+        self.clients[0].check_task(pooling=True)
+        rank = self.route(request_id, prompt_token_ids, None, data_parallel_rank)
+        try:
+            self.clients[rank].add_pooling_request(request_id, prompt_token_ids, pooling_params, priority=priority)
         except BaseException:
             self._where.pop(request_id, None)
             raise
