@@ -189,14 +189,8 @@ class DPEngineClient:
         rank = self.route(request_id, prompt_token_ids, cache_salt, data_parallel_rank)
         stream = self.clients[rank].generate(request_id, prompt_token_ids, params, priority=priority,
                                              cache_salt=cache_salt, arrival_time=arrival_time)
-        try:
-            async for delta in stream:
-                yield delta
-        except EngineDeadError as e:
-            raise EngineDeadError(f"data-parallel engine {rank}: {e}") from None
-        finally:
-            self._where.pop(request_id, None)
-            await stream.aclose()
+        async for delta in self._relay(rank, request_id, stream):
+            yield delta
 
     async def encode(self, request_id: str, prompt_token_ids, pooling_params: PoolingParams | None = None, *,
                      priority: int = 0, arrival_time: float | None = None,
@@ -206,9 +200,14 @@ class DPEngineClient:
         rank = self.route(request_id, prompt_token_ids, None, data_parallel_rank)
         stream = self.clients[rank].encode(request_id, prompt_token_ids, pooling_params, priority=priority,
                                            arrival_time=arrival_time)
+        async for output in self._relay(rank, request_id, stream):
+            yield output
+
+    async def _relay(self, rank: int, request_id: str, stream: AsyncIterator) -> AsyncIterator:
+        """A rank's stream for one request: its death named with the rank, the request forgotten at the end."""
         try:
-            async for output in stream:
-                yield output
+            async for item in stream:
+                yield item
         except EngineDeadError as e:
             raise EngineDeadError(f"data-parallel engine {rank}: {e}") from None
         finally:

@@ -287,12 +287,7 @@ class EngineClient(PoolingRequests):
     async def generate(self, request_id: str, prompt_token_ids, params: SamplingParams, *,
                        priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
                        data_parallel_rank: int | None = None) -> AsyncIterator[RequestDelta]:
-        self._check_alive()
-        if data_parallel_rank not in (None, 0):
-            raise ValueError(f"data-parallel rank {data_parallel_rank} does not exist: one engine runs")
-        if self._local is not None:
-            raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
-        self._ensure_reader()
+        self._start_async_request(data_parallel_rank)
         msg = self._make_add(request_id, prompt_token_ids, params, priority, cache_salt, arrival_time)
         collector = RequestCollector()
         self._register(msg, request_id, collector)
@@ -307,6 +302,14 @@ class EngineClient(PoolingRequests):
         finally:
             if not finished:
                 self._abort_handle(msg.req)
+
+    def _start_async_request(self, data_parallel_rank: int | None) -> None:
+        self._check_alive()
+        if data_parallel_rank not in (None, 0):
+            raise ValueError(f"data-parallel rank {data_parallel_rank} does not exist: one engine runs")
+        if self._local is not None:
+            raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
+        self._ensure_reader()
 
     async def abort(self, request_id: str) -> None:
         handle = self._by_id.get(request_id)

@@ -44,12 +44,7 @@ class PoolingRequests:
                      data_parallel_rank: int | None = None) -> AsyncIterator[PoolingRequestOutput]:
         """A pooling model's vector for one prompt, as one PoolingRequestOutput once the engine has it
         (vLLM's AsyncLLM.encode). UnsupportedTaskError on a generative model, ValueError for a bad input."""
-        self._check_alive()
-        if data_parallel_rank not in (None, 0):
-            raise ValueError(f"data-parallel rank {data_parallel_rank} does not exist: one engine runs")
-        if self._local is not None:
-            raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
-        self._ensure_reader()
+        self._start_async_request(data_parallel_rank)
         msg = self._make_pooling_add(request_id, prompt_token_ids, pooling_params, priority, arrival_time)
         collector = RequestCollector()
         self._register(msg, request_id, collector)

@@ -13,6 +13,7 @@ import torch
 
 from engine import LLM, PoolingParams
 from engine.client import scoring
+from engine.client.dp_client import DPEngineClient
 from engine.client.engine_client import EngineClient
 from engine.client.tokenizer import load_tokenizer
 from engine.config import EngineConfig
@@ -147,6 +148,45 @@ def test_the_async_face_and_the_scoring_helpers(bert):
     expected = cosines(np.repeat(reference[:1], 4, 0), reference[1:])
     assert [r.index for r in ranked] == np.argsort(-expected, kind="stable")[:3].tolist()
     np.testing.assert_allclose(scores, cosines(reference[1:3], reference[3:5]), atol=1e-5)
+
+
+def test_async_scheduling_gives_the_same_vectors(llm, bert):
+    texts = TEXTS * 6
+    expected = vectors(llm.embed(texts, use_tqdm=False))
+    with LLM(str(bert), in_process=True, async_scheduling=True, max_num_batched_tokens=48, max_num_seqs=4) as other:
+        np.testing.assert_allclose(vectors(other.embed(texts, use_tqdm=False)), expected, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_encoders_and_decoders_give_the_same_vectors(llm, bert, tiny_model):
+    texts = TEXTS * 3
+    with LLM(str(bert), tensor_parallel_size=2) as sharded:
+        np.testing.assert_allclose(vectors(sharded.embed(texts, use_tqdm=False)),
+                                   vectors(llm.embed(texts, use_tqdm=False)), atol=1e-5)
+    path, prompts = str(tiny_model("Qwen3ForCausalLM")), [list(range(1, 40)), [5, 6, 7]]
+    with LLM(path, runner="pooling", in_process=True) as single:
+        expected = vectors(single.embed(prompts, use_tqdm=False))
+    with LLM(path, runner="pooling", tensor_parallel_size=2, max_num_batched_tokens=16, max_num_seqs=4) as sharded:
+        np.testing.assert_allclose(vectors(sharded.embed(prompts, use_tqdm=False)), expected, atol=1e-5)
+
+
+def test_data_parallel_engines_embed_on_both_ranks(llm, bert):
+    ids = llm.get_tokenizer()(TEXTS[:4])["input_ids"]
+    expected = vectors(llm.embed(ids, use_tqdm=False))
+    with DPEngineClient(EngineConfig(model=str(bert), data_parallel_size=2)) as dp:
+        for i, prompt in enumerate(ids[:2]):
+            dp.add_pooling_request(f"b{i}", prompt, data_parallel_rank=i)
+        pooled = {}
+        while len(pooled) < 2:
+            pooled.update({d.request_id: d.pooled for d in dp.poll(timeout=1.0) if d.finished})
+
+        async def both_ranks():
+            return [[out async for out in dp.encode(f"a{i}", prompt, data_parallel_rank=i % 2)][0]
+                    for i, prompt in enumerate(ids[2:], start=2)]
+
+        outputs = asyncio.run(both_ranks())
+    np.testing.assert_allclose([pooled["b0"], pooled["b1"]], expected[:2], atol=1e-6)
+    np.testing.assert_allclose([o.outputs.data for o in outputs], expected[2:], atol=1e-6)
 
 
 @pytest.mark.parametrize(("arch", "pooling", "normalize"), [("RobertaModel", "cls", False),
