@@ -35,14 +35,16 @@ def vocabulary() -> list[str]:
 def make_tiny_encoder(arch: str, path: str | Path, *, pooling: str = "mean", normalize: bool = True,
                       max_seq_length: int | None = 32, legacy: bool = True, seed: int = 0) -> Path:
     """Save a tiny `arch` encoder with sentence-transformers files into `path`; returns it."""
-    from transformers import AutoConfig, AutoModel, BertTokenizerFast
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import AutoConfig, AutoModel, PreTrainedTokenizerFast
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     vocab = vocabulary()
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True,
-                      model_max_length=CONFIG["max_position_embeddings"]).save_pretrained(path)
+    wordpiece = BertWordPieceTokenizer({token: i for i, token in enumerate(vocab)}, lowercase=True)
+    PreTrainedTokenizerFast(tokenizer_object=wordpiece._tokenizer, unk_token="[UNK]", sep_token="[SEP]",
+                            pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]",
+                            model_max_length=CONFIG["max_position_embeddings"]).save_pretrained(path)
     model_type = {"BertModel": "bert", "RobertaModel": "roberta", "XLMRobertaModel": "xlm-roberta"}[arch]
     extra = {"pad_token_id": 0, "max_position_embeddings": CONFIG["max_position_embeddings"] + 1,
              "type_vocab_size": 1} if model_type != "bert" else {}
