@@ -21,7 +21,7 @@ _EXPORTS = {
     "RequestOutput": "engine.outputs",
     "CompletionOutput": "engine.outputs",
     "EngineDeadError": "engine.errors",
-    "PoolingParams": "engine.pooling_params",
+    "PoolingParams": "engine.sampling_params",
     "PoolingRequestOutput": "engine.outputs",
     "EmbeddingRequestOutput": "engine.outputs",
     "ScoringRequestOutput": "engine.outputs",

@@ -26,8 +26,7 @@ from engine.outputs import (
     ScoringRequestOutput,
     TokenLogprobs,
 )
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import PoolingParams, SamplingParams
 from engine.structured_spec import validate as validate_structured_outputs
 
 

@@ -26,8 +26,7 @@ from __future__ import annotations
 import msgspec
 
 from engine.outputs import FINISH_REASONS  # noqa: F401  (re-exported: the codes index it)
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import PoolingParams, SamplingParams
 from shm.codec import FLOAT32, INT32, INT64, Codec, pack, unpack  # noqa: F401  (re-exported)
 
 HANDLE = INT64     # request handles

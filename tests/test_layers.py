@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "frontend", "shm", "kernels", "tools")
 CONTRACTS = ("engine.config", "engine.errors", "engine.sampling_params", "engine.messages", "engine.outputs",
              "engine.process", "engine.distributed", "engine.block_hash",
-             "engine.structured_spec", "engine.pooling_params")
+             "engine.structured_spec")
 MODEL_ARGS = ("engine.models.model_args", "engine.models.demo", "engine.models.bundled", "engine.models.hub",
               "engine.models.gguf_file", "engine.models.gguf_config", "engine.models.encoder_args",
               "engine.models.pooler_config", "engine.models.model_zip")     # torch-free model descriptions

@@ -27,8 +27,7 @@ from engine.client.router import Router, load_score
 from engine.config import EngineConfig
 from engine.messages import SchedulerStats
 from engine.outputs import EngineDeadError, PoolingRequestOutput, RequestDelta
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import PoolingParams, SamplingParams
 
 
 def device_env(config: EngineConfig, rank: int) -> dict[str, str] | None:

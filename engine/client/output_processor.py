@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from engine.client.pooling import finish_vector
 from engine.messages import FINISH_REASONS, FLOAT, HANDLE, TOKEN, EngineOutputs, Logprobs, unpack
 from engine.outputs import EngineDeadError, RequestDelta, TokenLogprobs
-from engine.pooling_params import PoolingParams
+from engine.sampling_params import PoolingParams
 
 
 @dataclass(slots=True)

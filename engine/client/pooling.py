@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.config import EngineConfig
 from engine.outputs import PoolingOutput, PoolingRequestOutput, RequestDelta
-from engine.pooling_params import PoolingParams
+from engine.sampling_params import PoolingParams
 
 PoolingInput = str | list[int]
 NORM_EPS = 1e-12            # torch.nn.functional.normalize's, which sentence-transformers' Normalize uses

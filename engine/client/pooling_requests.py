@@ -15,8 +15,7 @@ from engine.client.output_processor import RequestCollector
 from engine.client.pooling import pooling_output, resolve_pooling_params
 from engine.messages import AddRequest, pack
 from engine.outputs import PoolingRequestOutput
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import PoolingParams, SamplingParams
 
 POOLING_PLACEHOLDER = SamplingParams(max_tokens=1).resolved()   # AddRequest.params of a pooling request
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.pooling_params import PoolingParams
+from engine.sampling_params import PoolingParams
 
 COSINE_EPS = 1e-8           # torch.nn.functional.cosine_similarity's
 

@@ -116,6 +116,13 @@ def test_normalize_and_dimensions_per_request(llm):
         llm.embed("x", PoolingParams(dimensions=16), use_tqdm=False)
 
 
+def test_pooling_params_name_their_bad_fields():
+    with pytest.raises(ValueError, match="truncate_prompt_tokens must be -1"):
+        PoolingParams(truncate_prompt_tokens=0)
+    with pytest.raises(ValueError, match="dimensions must be a positive integer"):
+        PoolingParams(dimensions=0)
+
+
 def test_a_pooling_model_does_not_generate(llm):
     with pytest.raises(UnsupportedTaskError, match="is a pooling model"):
         llm.generate({"prompt_token_ids": [5, 6, 7]}, use_tqdm=False)

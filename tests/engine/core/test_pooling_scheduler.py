@@ -21,8 +21,7 @@ from engine.messages import (
     pack,
     unpack,
 )
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import PoolingParams, SamplingParams
 from tests.engine.pooling_models import tiny_encoder_fixture  # noqa: F401  (pytest fixture)
 
 PLACEHOLDER = SamplingParams(max_tokens=1).resolved()
