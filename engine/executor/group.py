@@ -65,11 +65,16 @@ class Executor(Protocol):
 
 
 def make_model_runner(config: EngineConfig, rank: int = 0, tp_size: int = 1):
-    """The model runner for config.load_format; the fake one imports no torch and starts in a blink."""
+    """The model runner for config.load_format and config.runner; the fake one imports no torch and starts in
+    a blink."""
     if config.load_format == "fake":
         from engine.executor.fake_runner import FakeModelRunner
 
         return FakeModelRunner(config, rank, tp_size)
+    if config.runner == "pooling":
+        from engine.executor.pooling_runner import EncoderModelRunner, PoolingModelRunner
+
+        return (EncoderModelRunner if config.is_encoder else PoolingModelRunner)(config, rank, tp_size)
     from engine.executor.model_runner import ModelRunner
 
     return ModelRunner(config, rank, tp_size)

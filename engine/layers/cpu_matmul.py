@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers import onednn_matmul
 from kernels import cpu_avx2
 
 HALF = (torch.bfloat16, torch.float16)
@@ -86,6 +87,7 @@ class UpcastMatmul:
     compute_bias: torch.Tensor | None = None
     upcast_min_rows = 2
     gemm16 = False                  # set by upcast() where kernels/cpu_avx2 runs
+    onednn_weight: torch.Tensor | None = None   # float32 weights packed for oneDNN (engine/layers/onednn_matmul.py)
 
     def upcast(self) -> None:
         self.upcast_done = True
@@ -130,6 +132,9 @@ class UpcastMatmul:
 
     def matmul(self, x: torch.Tensor, with_bias: bool = True, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x @ Wᵀ (+ b) in `out_dtype` (default: x's)."""
+        if self.onednn_weight is not None:
+            y = onednn_matmul.linear(x, self.onednn_weight, self.bias if with_bias else None)
+            return y if out_dtype is None else y.to(out_dtype)
         y = self.matmul_float(x, with_bias)
         if y is None:       # activations may be float32 over 16-bit weights (engine/models/llama.py)
             y = F.linear(x.to(self.weight.dtype), self.weight, self.bias if with_bias else None)

@@ -27,9 +27,10 @@ from engine.attention import get_attention_backend
 from engine.config import ConfigError, EngineConfig
 from engine.layers.cpu_matmul import should_upcast, upcast_matmul_weights
 from engine.layers.weights import CheckpointWeights, SafetensorsSource, ShardId, TensorSource, WeightSource
-from engine.models import CausalLM, ModelArgs, get_model_class
+from engine.models import CausalLM, get_model_class
 from engine.models.gguf_file import is_gguf_path, read_gguf
 from engine.models.gguf_weights import gguf_checkpoint, hf_name
+from engine.models.registry import model_args
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def load_model(
             f"({tp_rank}, {tp_size}, ...) first; this process is rank {distributed.tp_rank()} of "
             f"{distributed.tp_size()}"
         )
-    args = ModelArgs.from_hf_config(config.hf_config(), config.architecture, config.max_model_len)
+    args = model_args(config.hf_config(), config.architecture, config.max_model_len)
     dtype = getattr(torch, config.resolved_dtype)
     backend = get_attention_backend(attention_backend)
     with torch.device(device):
@@ -121,11 +122,14 @@ def load_safetensors_weights(model: CausalLM, model_dir: str, *, progress: bool 
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(safe_open(path, framework="pt", device="cpu"))
                  for path in _safetensors_files(model_dir)]
-        names = {name: f for f in files for name in f.keys() if not _ignored(name, model)}
+        # our name -> (file, the name stored in it): encoders map task checkpoints' names (BertModel.checkpoint_name)
+        rename = getattr(model, "checkpoint_name", None)
+        names = {(rename(stored) if rename else stored): (f, stored) for f in files for stored in f.keys()}
+        names = {name: source for name, source in names.items() if name is not None and not _ignored(name, model)}
         _check_names(set(names), set(params), model_dir)
-        for name, f in tqdm(names.items(), desc="Loading weights", unit="tensor", file=sys.stderr,
-                            disable=not progress):
-            load_tensor(name, params[name], SafetensorsSource(f.get_slice(name)))
+        for name, (f, stored) in tqdm(names.items(), desc="Loading weights", unit="tensor", file=sys.stderr,
+                                      disable=not progress):
+            load_tensor(name, params[name], SafetensorsSource(f.get_slice(stored)))
 
 
 def load_gguf_weights(model: CausalLM, path: str, *, progress: bool = True) -> None:
@@ -151,7 +155,7 @@ def load_dummy_weights(model: CausalLM, *, seed: int, progress: bool = True) -> 
                              disable=not progress):
         module, param, shard_id = target
         shape = module.checkpoint_shape(param, shard_id)
-        if name.endswith("norm.weight"):
+        if name.lower().endswith("norm.weight"):
             tensor = torch.ones(shape, device=param.device)
         else:
             generator = torch.Generator(param.device).manual_seed(_tensor_seed(seed, name))
