@@ -86,9 +86,12 @@ class UpcastMatmul:
     compute_bias: torch.Tensor | None = None
     upcast_min_rows = 2
     gemm16 = False                  # set by upcast() where kernels/cpu_avx2 runs
+    qweight = None                  # a quantized weight in place of `weight` (engine/layers/quantized.py)
 
     def upcast(self) -> None:
         self.upcast_done = True
+        if self.qweight is not None:        # quantized matmuls take float32 activations as they are
+            return
         self.gemm16 = cpu_avx2.available() and self.weight.is_contiguous()
         if not keeps_float32_copies(self.weight.dtype):
             return
@@ -108,7 +111,12 @@ class UpcastMatmul:
         return "native" if self.compute_weight is None else "copy"
 
     def matmul_float(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor | None:
-        """x @ Wᵀ (+ b) in float32 on the upcast path; None where the layer was not upcast."""
+        """x @ Wᵀ (+ b) in float32 on the upcast path (or x's dtype on a GPU for a quantized weight); None
+        where the layer was not upcast and is not quantized."""
+        if self.qweight is not None:
+            y = self.qweight.matmul(x)
+            bias = getattr(self, "bias", None) if with_bias else None
+            return y if bias is None else y.add_(bias)
         route = self._route(x.shape[0])
         if route == "copy":
             return F.linear(x.float(), self.compute_weight, self.compute_bias if with_bias else None)
@@ -124,7 +132,7 @@ class UpcastMatmul:
         """x @ Wᵀ + b left in the weights' 16-bit dtype where this layer gives x to torch's native 16-bit
         matmul (a large input on a CPU with the dtype's instruction), else None: a caller whose next step
         reads 16 bits anyway (SwiGLU before the down projection) skips widening the product to float32."""
-        if self._route(x.shape[0]) != "native":
+        if self.qweight is not None or self._route(x.shape[0]) != "native":
             return None
         return F.linear(x.to(self.weight.dtype), self.weight, getattr(self, "bias", None))
 
