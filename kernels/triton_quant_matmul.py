@@ -116,7 +116,7 @@ def _blocks_for(m: int, k: int) -> tuple[int, int, int, int]:
     weights: many programs over N), square ones for prefill; BLOCK_K divides K (a multiple of 32)."""
     block_k = next(b for b in (128, 64, 32) if k % b == 0)
     if m <= 16:
-        return 16, 64, block_k, 4
+        return 16, 32, block_k, 4
     if m <= 64:
         return 64, 64, block_k, 4
     return 128, 128, min(block_k, 64), 8

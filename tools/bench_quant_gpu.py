@@ -4,8 +4,8 @@ against dequantize-then-matmul, and time against a bf16 matmul of the same shape
     python -m tools.bench_quant_gpu [--types Q4_K,Q8_0,Q4_0,Q6_K] [--rows 1,16,256,2048] [--json]
 
 Weights are random valid blocks of each type (no download: the speed of a matmul does not depend on the
-values), in Llama-3-8B / Qwen2.5-7B layer shapes (N x K: 4096 x 4096, 1024 x 4096, 14336 x 4096,
-4096 x 14336). Per case it prints the Triton kernel's median time, torch's bf16 matmul of a dense weight of
+values), in Llama-3-8B / Qwen2.5-7B layer shapes (N x K: 4096 x 4096, 14336 x 4096, 4096 x 14336;
+1024 x 4096 on request). Per case it prints the Triton kernel's median time, torch's bf16 matmul of a dense weight of
 the same shape, the ratio, the weight bytes the kernel reads per second, and the largest error against the
 reference (the weight dequantized to bf16, the product in fp32) relative to the output's largest value.
 Needs CUDA; about a minute on an H100.
@@ -20,6 +20,7 @@ import click
 import torch
 
 SHAPES = {"q/o": (4096, 4096), "k/v": (1024, 4096), "gate/up": (14336, 4096), "down": (4096, 14336)}
+DEFAULT_SHAPES = "q/o,gate/up,down"
 
 
 def _median_ms(fn) -> float:
@@ -28,16 +29,24 @@ def _median_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
-def measure(type_name: str, shape: str, m: int) -> dict:
+def weights(type_name: str, shape: str):
+    """(the GPU form, the dequantized bf16 weight) of random blocks of the type and shape."""
     from kernels.gguf_blocks import TYPE_IDS, QuantizedWeight, random_blocks
-    from kernels.triton_quant_matmul import TritonQuantWeight, quant_matmul_triton
+    from kernels.triton_quant_matmul import TritonQuantWeight
 
     n, k = SHAPES[shape]
     device = torch.device("cuda")
-    weight = QuantizedWeight([(TYPE_IDS[type_name], random_blocks(TYPE_IDS[type_name], n, k, seed=n + k))], k)
-    gpu = TritonQuantWeight(weight, device)
-    x = torch.randn(m, k, device=device).to(torch.bfloat16)
-    dense = weight.dequantize().to(device=device, dtype=torch.bfloat16)
+    raw = random_blocks(TYPE_IDS[type_name], n, k, seed=n + k)
+    gpu = TritonQuantWeight(QuantizedWeight([(TYPE_IDS[type_name], raw)], k), device)
+    dense = QuantizedWeight([(TYPE_IDS[type_name], raw.to(device))], k).dequantize().to(torch.bfloat16)
+    return gpu, dense
+
+
+def measure(type_name: str, shape: str, m: int, gpu, dense) -> dict:
+    from kernels.triton_quant_matmul import quant_matmul_triton
+
+    n, k = SHAPES[shape]
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     got = quant_matmul_triton(x, gpu).float()
     expected = x.float() @ dense.float().T
     error = ((got - expected).abs().max() / expected.abs().max()).item()
@@ -50,7 +59,7 @@ def measure(type_name: str, shape: str, m: int) -> dict:
 @click.command()
 @click.option("--types", default="Q4_K,Q8_0,Q4_0,Q6_K", help="GGUF types, comma-separated.")
 @click.option("--rows", default="1,16,256,2048", help="Activation rows (decode batch or prefill tokens).")
-@click.option("--shapes", default=",".join(SHAPES), help=f"Of {', '.join(SHAPES)}.")
+@click.option("--shapes", default=DEFAULT_SHAPES, help=f"Of {', '.join(SHAPES)}.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per case instead of the table.")
 def cli(types: str, rows: str, shapes: str, as_json: bool) -> None:
     if not torch.cuda.is_available():
@@ -62,8 +71,9 @@ def cli(types: str, rows: str, shapes: str, as_json: bool) -> None:
     failed = False
     for type_name in types.split(","):
         for shape in shapes.split(","):
+            gpu, dense = weights(type_name, shape)
             for m in (int(r) for r in rows.split(",")):
-                r = measure(type_name, shape, m)
+                r = measure(type_name, shape, m, gpu, dense)
                 failed |= r["rel_error"] > 2e-2
                 if as_json:
                     print(json.dumps(r), flush=True)
