@@ -41,7 +41,7 @@ void decode_forward16(const DecodeModel *m, float *x, const int64_t *positions, 
         const DecodeLayer *L = m->layers + l;
         add_rows(residual, x, T * H);                       /* x: the embeddings, then each layer's output */
         rms_norm_rows(residual, L->input_norm, normed, T, H, m->eps, is_bf16);
-        matmul_weight(&L->qkv, normed, qkv, T, H, num_threads);
+        matmul_weight(&L->qkv, normed, qkv, T, H, 0, num_threads);
         for (int64_t r = 0; r < T; r++) {
             float *row = qkv + r * qkv_n;
             if (L->qkv_bias)
@@ -65,12 +65,12 @@ void decode_forward16(const DecodeModel *m, float *x, const int64_t *positions, 
         }
         paged_decode_attention16(q, L->key_cache, L->value_cache, lens, block_tables, max_blocks, attn, T, Hq, Hk, D,
                                  bs, m->scale, is_bf16, num_threads);
-        matmul_weight(&L->o_proj, attn, x, T, Hq * D, num_threads);
+        matmul_weight(&L->o_proj, attn, x, T, Hq * D, 0, num_threads);
         add_rows(residual, x, T * H);
         rms_norm_rows(residual, L->post_norm, normed, T, H, m->eps, is_bf16);
-        matmul_weight(&L->gate_up, normed, gu, T, H, num_threads);
+        matmul_weight(&L->gate_up, normed, gu, T, H, 0, num_threads);
         silu_mul_rows(gu, act, T, I);
-        matmul_weight(&L->down, act, x, T, I, num_threads);
+        matmul_weight(&L->down, act, x, T, I, 0, num_threads);
     }
     add_rows(residual, x, T * H);
     rms_norm_rows(residual, m->final_norm, x, T, H, m->eps, is_bf16);

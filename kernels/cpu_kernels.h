@@ -144,7 +144,7 @@ void paged_decode_attention16(const float *q, const uint16_t *key_cache, const u
 
 void gemm_q(const float *x, int64_t ldx, const void *w, int type, float *y, int64_t ldy, int64_t M, int64_t N,
             int64_t K, int num_threads);
-void matmul_weight(const Weight *w, const float *x, float *y, int64_t M, int64_t K, int num_threads);
+void matmul_weight(const Weight *w, const float *x, float *y, int64_t M, int64_t K, int precise, int num_threads);
 
 /* cpu_elementwise.c: one thread's row helpers, also used by decode_forward16 */
 INTERNAL void rms_norm_rows(const float *x, const uint16_t *w, float *out, int64_t T, int64_t n, float eps,

@@ -314,22 +314,30 @@ static void quantize_row(const float *x, Act *a, int64_t r) {
     }
 }
 
-/* x's rows quantized (threads for prefill-sized inputs); free(a.xq) releases it */
-static Act quantize_act(const float *x, int64_t ldx, int64_t M, int64_t K, int num_threads) {
-    Act a = {NULL, NULL, NULL, NULL, M, K};
-    const int64_t nb = K / 32;
-    const size_t xbytes = (size_t)(M * K + 63) / 64 * 64;
-    a.xq = aligned_alloc(64, xbytes + sizeof(float) * (size_t)(4 * M * nb) + 64);
+/* x's rows quantized (threads for prefill-sized inputs); free(a.xq) releases it. With `precise`, rows M..2M-1
+ * hold each row's rounding error quantized in turn (x - dx * xq, to 8 bits again): the two planes together
+ * carry ~15 bits, and the sum of their products is the product of x to that precision. */
+static Act quantize_act(const float *x, int64_t ldx, int64_t M, int64_t K, int precise, int num_threads) {
+    const int64_t rows = precise ? 2 * M : M, nb = K / 32;
+    Act a = {NULL, NULL, NULL, NULL, rows, K};
+    const size_t xbytes = (size_t)(rows * K + 63) / 64 * 64;
+    a.xq = aligned_alloc(64, xbytes + sizeof(float) * (size_t)(4 * rows * nb) + 64);
     if (!a.xq) abort();
     a.dx = (float *)((uint8_t *)a.xq + xbytes);
-    a.s32 = a.dx + M * nb;
-    a.s16 = a.s32 + M * nb;
-    if (M * K >= 65536 && num_threads > 1) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-        for (int64_t r = 0; r < M; r++) quantize_row(x + r * ldx, &a, r);
-    } else {
-        for (int64_t r = 0; r < M; r++) quantize_row(x + r * ldx, &a, r);
+    a.s32 = a.dx + rows * nb;
+    a.s16 = a.s32 + rows * nb;
+    float *error = precise ? malloc(sizeof(float) * (size_t)(K * (num_threads > 0 ? num_threads : 1))) : NULL;
+    if (precise && !error) abort();
+#pragma omp parallel for schedule(static) num_threads(M * K >= 65536 && num_threads > 1 ? num_threads : 1)
+    for (int64_t r = 0; r < M; r++) {
+        quantize_row(x + r * ldx, &a, r);
+        if (precise) {
+            float *e = error + (int64_t)omp_get_thread_num() * K;
+            for (int64_t k = 0; k < K; k++) e[k] = x[r * ldx + k] - a.dx[r * nb + k / 32] * (float)a.xq[r * K + k];
+            quantize_row(e, &a, M + r);
+        }
     }
+    free(error);
     return a;
 }
 
@@ -601,14 +609,16 @@ static void gemm_q_act(const Act *a, const uint8_t *w, int type, float *y, int64
 void gemm_q(const float *x, int64_t ldx, const void *w, int type, float *y, int64_t ldy, int64_t M, int64_t N,
             int64_t K, int num_threads) {
     if (M <= 0 || N <= 0) return;
-    Act a = quantize_act(x, ldx, M, K, num_threads);
+    Act a = quantize_act(x, ldx, M, K, 0, num_threads);
     gemm_q_act(&a, w, type, y, ldy, N, num_threads);
     free(a.xq);
 }
 
 /* y = x @ W^T for a Weight (see cpu_kernels.h): a 16-bit matrix through gemm16, or repacked quantized
- * parts, each into its own columns of y, the activations quantized once for all of them. */
-void matmul_weight(const Weight *w, const float *x, float *y, int64_t M, int64_t K, int num_threads) {
+ * parts, each into its own columns of y, the activations quantized once for all of them. `precise`: with
+ * two 8-bit planes (quantize_act), twice the integer work for ~15-bit activations (the LM head, whose
+ * rounding decides tokens). */
+void matmul_weight(const Weight *w, const float *x, float *y, int64_t M, int64_t K, int precise, int num_threads) {
     if (w->type[0] == T_F16 || w->type[0] == T_BF16) {
         gemm16(x, w->data[0], y, M, w->rows[0], K, w->type[0] == T_BF16, num_threads);
         return;
@@ -616,8 +626,14 @@ void matmul_weight(const Weight *w, const float *x, float *y, int64_t M, int64_t
     if (M <= 0) return;
     int64_t N = 0;
     for (int i = 0; i < w->num_parts; i++) N += w->rows[i];
-    Act a = quantize_act(x, K, M, K, num_threads);
+    Act a = quantize_act(x, K, M, K, precise, num_threads);
+    float *out = precise ? malloc(sizeof(float) * (size_t)(2 * M * N)) : y;
+    if (!out) abort();
     for (int i = 0, col = 0; i < w->num_parts; col += (int)w->rows[i], i++)
-        gemm_q_act(&a, w->data[i], w->type[i], y + col, N, w->rows[i], num_threads);
+        gemm_q_act(&a, w->data[i], w->type[i], out + col, N, w->rows[i], num_threads);
+    if (precise) {
+        for (int64_t i = 0; i < M * N; i++) y[i] = out[i] + out[M * N + i];
+        free(out);
+    }
     free(a.xq);
 }

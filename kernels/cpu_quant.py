@@ -35,7 +35,7 @@ def _lib() -> ctypes.CDLL | None:
         return None
     ptr, i64, cint = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.matmul_weight.restype = None
-    lib.matmul_weight.argtypes = [ctypes.POINTER(cpu_avx2.Weight), ptr, ptr, i64, i64, cint]
+    lib.matmul_weight.argtypes = [ctypes.POINTER(cpu_avx2.Weight), ptr, ptr, i64, i64, cint, cint]
     lib.packed_bytes.restype = i64
     lib.packed_bytes.argtypes = [cint, i64, i64]
     lib.repack_q.restype = None
@@ -98,8 +98,8 @@ class PackedWeight:
             sizes[name] = sizes.get(name, 0) + packed.numel()
         return sizes
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return gemm_q(x, self)
+    def matmul(self, x: torch.Tensor, precise: bool = False) -> torch.Tensor:
+        return gemm_q(x, self, precise=precise)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (int64 [n], in range) dequantized: float32 [n, in_features]; a one-part weight."""
@@ -113,13 +113,15 @@ class PackedWeight:
         return out
 
 
-def gemm_q(x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (any float dtype) @ weightᵀ -> float32 [M, N]."""
+def gemm_q(x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = None, precise: bool = False
+           ) -> torch.Tensor:
+    """x [M, K] (any float dtype) @ weightᵀ -> float32 [M, N]. precise: activations in two 8-bit planes (the
+    rounding error quantized again: ~15 bits, twice the integer work), for the LM head."""
     if x.dim() != 2 or x.shape[1] != weight.in_features:
         raise ValueError(f"gemm_q: x {tuple(x.shape)} against a weight of {weight.in_features} inputs")
     x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     if out is None:
         out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
     _lib().matmul_weight(ctypes.byref(weight.descriptor), x.data_ptr(), out.data_ptr(), x.shape[0],
-                         weight.in_features, torch.get_num_threads())
+                         weight.in_features, int(precise), torch.get_num_threads())
     return out

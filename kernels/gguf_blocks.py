@@ -186,8 +186,8 @@ class QuantizedWeight:
         """float32 [out_features, in_features]."""
         return torch.cat([dequantize(raw, type_id, self.in_features) for type_id, raw in self.parts])
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ selfᵀ by the reference: float32 (x's dtype on CUDA)."""
+    def matmul(self, x: torch.Tensor, precise: bool = False) -> torch.Tensor:
+        """x @ selfᵀ by the reference: float32 (x's dtype on CUDA); float activations, so always precise."""
         y = quant_matmul_torch(x, self)
         return y.to(x.dtype) if x.is_cuda else y
 

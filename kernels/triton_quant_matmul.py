@@ -97,7 +97,8 @@ class TritonQuantWeight:
             sizes[name] = sizes.get(name, 0) + part.nbytes
         return sizes
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, precise: bool = False) -> torch.Tensor:
+        """x's own 16-bit activations: `precise` (the CPU kernels' two 8-bit planes) has nothing to add."""
         return quant_matmul_triton(x, self)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

@@ -130,3 +130,19 @@ def test_quantized_weight_refuses_blocks_that_do_not_fit():
         QuantizedWeight([(10, raw)], 64)
     with pytest.raises(ValueError, match="multiples of 256"):
         QuantizedWeight([(TYPE_IDS["Q4_K"], raw)], 64)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K"])
+def test_precise_activations_leave_a_hundredth_of_the_rounding(isa, name):
+    """precise=True: the activations' rounding error quantized again as a second plane (the LM head's
+    mode); what remains is about 1/254 of the one-plane rounding."""
+    k = 512
+    raw = random_blocks(name, 33, k, seed=9)
+    weight = cpu_quant.PackedWeight(QuantizedWeight([(TYPE_IDS[name], raw)], k))
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(9)) * torch.linspace(0.1, 10, k)
+    reference = dequantize(raw, TYPE_IDS[name], k).double()
+    expected = x.double() @ reference.T
+    bound = _error_bound(x.double(), reference, QUANT_TYPES[TYPE_IDS[name]][1])
+    err = (cpu_quant.gemm_q(x, weight, precise=True).double() - expected).abs()
+    assert (err <= bound / 50 + 1e-4 * (x.double().abs() @ reference.abs().T)).all()
