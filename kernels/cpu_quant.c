@@ -22,7 +22,7 @@
  * sign (VPMADDUBSW would saturate at 255 * 127 * 2 with the codes offset to unsigned).
  *
  * Work: tiles are shared out by stealing (share_units, cpu_gemm.c), each thread streaming a contiguous run;
- * every tile meets all activation rows, MR at a time (a 16-row decode step unpacks each tile once per MR
+ * every tile meets all activation rows, QMR at a time (a 16-row decode step unpacks each tile once per QMR
  * rows, not once per row); prefill-sized inputs go in chunks of MC rows so that a chunk stays in L2.
  */
 #include <string.h>
@@ -35,16 +35,24 @@ enum { T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define AI inline __attribute__((always_inline))
 #define TILE 16
-#define MR 4
+#ifndef QMR
+#define QMR 4
+#endif
 #ifndef MC
 #define MC 256
 #endif
 #ifndef QSTEAL
 #define QSTEAL 2
 #endif
+/* weights ahead of the unit in use, fetched into L2 as each unit starts (a thread streams its tiles front
+ * to back, so this covers memory's latency at full bandwidth without a burst of misses per tile) */
 #ifndef QPREFETCH
-#define QPREFETCH 2048
+#define QPREFETCH 4096
 #endif
+
+static inline void prefetch_unit(const uint8_t *unit, int bytes) {
+    for (int off = 0; off < bytes; off += 64) _mm_prefetch((const char *)(unit + QPREFETCH + off), _MM_HINT_T1);
+}
 
 /* A type's block in the file (values, bytes a row) and the repacked unit of 16 rows: its bytes and where
  * each field starts. Codes come first in 64-byte vectors (see the file comment); then, by type:
@@ -55,29 +63,34 @@ typedef struct {
     int values, bytes, unit, masks, plane, d, m, sc, mn, group;
 } Layout;
 
-static int layout_of(int type, Layout *l) {
-    memset(l, 0, sizeof(*l));
-    l->masks = l->plane = l->m = l->sc = l->mn = -1;
-    l->values = 32, l->group = 32;
+/* the layout of `type` (values 0 for a type without a kernel); inlined with a constant type, it folds to
+ * constants in the kernels */
+static AI Layout layout_const(int type) {
+    Layout l = {0, 0, 0, -1, -1, 0, -1, -1, -1, 32};
+    l.values = 32;
     switch (type) {
-    case T_Q4_0: l->bytes = 18, l->d = 256, l->unit = 288; break;
-    case T_Q4_1: l->bytes = 20, l->d = 256, l->m = 288, l->unit = 320; break;
-    case T_Q5_0: l->bytes = 22, l->masks = 256, l->d = 320, l->unit = 352; break;
-    case T_Q5_1: l->bytes = 24, l->masks = 256, l->d = 320, l->m = 352, l->unit = 384; break;
-    case T_Q8_0: l->bytes = 34, l->d = 512, l->unit = 544; break;
+    case T_Q4_0: l.bytes = 18, l.d = 256, l.unit = 288; break;
+    case T_Q4_1: l.bytes = 20, l.d = 256, l.m = 288, l.unit = 320; break;
+    case T_Q5_0: l.bytes = 22, l.masks = 256, l.d = 320, l.unit = 352; break;
+    case T_Q5_1: l.bytes = 24, l.masks = 256, l.d = 320, l.m = 352, l.unit = 384; break;
+    case T_Q8_0: l.bytes = 34, l.d = 512, l.unit = 544; break;
     case T_Q4_K:
-        l->values = 256, l->bytes = 144, l->d = 2048, l->m = 2080, l->sc = 2112, l->mn = 2240, l->unit = 2368;
+        l.values = 256, l.bytes = 144, l.d = 2048, l.m = 2080, l.sc = 2112, l.mn = 2240, l.unit = 2368;
         break;
     case T_Q5_K:
-        l->values = 256, l->bytes = 176, l->masks = 2048, l->d = 2560, l->m = 2592, l->sc = 2624, l->mn = 2752;
-        l->unit = 2880;
+        l.values = 256, l.bytes = 176, l.masks = 2048, l.d = 2560, l.m = 2592, l.sc = 2624, l.mn = 2752, l.unit = 2880;
         break;
     case T_Q6_K:
-        l->values = 256, l->bytes = 210, l->plane = 2048, l->sc = 3072, l->d = 3328, l->unit = 3360, l->group = 16;
+        l.values = 256, l.bytes = 210, l.plane = 2048, l.sc = 3072, l.d = 3328, l.unit = 3360, l.group = 16;
         break;
-    default: return 0;
+    default: l.values = 0; break;
     }
-    return 1;
+    return l;
+}
+
+static int layout_of(int type, Layout *l) {
+    *l = layout_const(type);
+    return l->values != 0;
 }
 
 static int use_vnni = 0;
@@ -367,23 +380,34 @@ VNNI_TARGET static AI __m512 cvtu8_16(const uint8_t *p) {
 }
 VNNI_TARGET static AI __m512 fnmul512(__m512 a, __m512 b) { return _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, b)); }
 
-/* 16 rows of one tile (units from `tile`) against NRW activation rows from r: y[r + j][n0 + lane]. */
-VNNI_TARGET static AI void tile_vnni(const int type, const Layout *l, const uint8_t *tile, int64_t units, const Act *a,
+/* 16 rows of one tile (units from `tile`) against NRW activation rows from r: y[r + j][n0 + lane].
+ * Everything the type decides is a constant here (one instance per type and NRW), so the step loop unrolls. */
+VNNI_TARGET static AI void tile_vnni(const int type, const uint8_t *tile, int64_t units, const Act *a,
                                      int64_t r, float *y, int64_t ldy, int64_t n0, int valid, const int NRW) {
+    const Layout layout = layout_const(type), *l = &layout;
     const int masks = type == T_Q5_0 || type == T_Q5_1 || type == T_Q5_K, plane = type == T_Q6_K;
+    const int groups = l->values / l->group, steps = l->group / 4;      /* steps of four values a group */
     const int64_t K = a->K, nb = K / 32;
     const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80), five = _mm512_set1_epi8(0x10);
     const __m512i three = _mm512_set1_epi8(3);
     const float q8_offset = -128.0f;
-    __m512 acc[MR];
-    for (int j = 0; j < NRW; j++) acc[j] = _mm512_setzero_ps();
-    const int groups = l->values / l->group, steps = l->group / 4;      /* steps of four values a group */
+    const int8_t *xq[QMR];
+    const float *dx[QMR], *sx[QMR];            /* a row's scale per 32 values, its offset sums per group */
+    __m512 acc[QMR];
+    for (int j = 0; j < NRW; j++) {
+        xq[j] = a->xq + (r + j) * K;
+        dx[j] = a->dx + (r + j) * nb;
+        sx[j] = l->group == 16 ? a->s16 + (r + j) * 2 * nb : a->s32 + (r + j) * nb;
+        acc[j] = _mm512_setzero_ps();
+    }
     for (int64_t v = 0; v < units; v++) {
         const uint8_t *unit = tile + v * l->unit;
+        prefetch_unit(unit, l->unit);
         for (int g = 0; g < groups; g++) {
-            __m512i dot[MR], dot2[MR];       /* two chains a row: VPDPBUSD's latency, not its rate, bounds one */
-            for (int j = 0; j < NRW; j++) dot[j] = dot2[j] = _mm512_setzero_si512();
+            __m512i dot[QMR];
+            for (int j = 0; j < NRW; j++) dot[j] = _mm512_setzero_si512();
             const int64_t k0 = v * l->values + g * l->group;            /* the group's first value */
+#pragma GCC unroll 8
             for (int s = 0; s < steps; s += (type == T_Q8_0 ? 1 : 2)) {
                 const int step = g * steps + s;                          /* step within the unit */
                 __m512i c0, c1 = _mm512_setzero_si512();
@@ -409,25 +433,17 @@ VNNI_TARGET static AI void tile_vnni(const int type, const Layout *l, const uint
                 }
                 const int64_t k = k0 + 4 * s;
                 for (int j = 0; j < NRW; j++) {
-                    const int8_t *xr = a->xq + (r + j) * K + k;
-                    if (type == T_Q8_0 && s % 2) {
-                        dot2[j] = _mm512_dpbusd_epi32(dot2[j], c0, _mm512_set1_epi32(*(const i32_any *)xr));
-                    } else {
-                        dot[j] = _mm512_dpbusd_epi32(dot[j], c0, _mm512_set1_epi32(*(const i32_any *)xr));
-                        if (type != T_Q8_0)
-                            dot2[j] = _mm512_dpbusd_epi32(dot2[j], c1, _mm512_set1_epi32(*(const i32_any *)(xr + 4)));
-                    }
+                    dot[j] = _mm512_dpbusd_epi32(dot[j], c0, _mm512_set1_epi32(*(const i32_any *)(xq[j] + k)));
+                    if (type != T_Q8_0)
+                        dot[j] = _mm512_dpbusd_epi32(dot[j], c1, _mm512_set1_epi32(*(const i32_any *)(xq[j] + k + 4)));
                 }
             }
             __m512 scale, offset;
             GROUP_SCALES(__m512, cvtph16, cvti8_16, cvtu8_16, _mm512_set1_ps, _mm512_mul_ps, fnmul512);
-            const int64_t b = k0 / 32;
             for (int j = 0; j < NRW; j++) {
-                const float dx = a->dx[(r + j) * nb + b];
-                const float sx = l->group == 16 ? a->s16[(r + j) * 2 * nb + k0 / 16] : a->s32[(r + j) * nb + b];
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot[j], dot2[j])),
-                                         _mm512_mul_ps(scale, _mm512_set1_ps(dx)), acc[j]);
-                acc[j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sx), acc[j]);
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j]),
+                                         _mm512_mul_ps(scale, _mm512_set1_ps(dx[j][k0 / 32])), acc[j]);
+                acc[j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sx[j][k0 / l->group]), acc[j]);
             }
         }
     }
@@ -451,22 +467,35 @@ static AI __m256i mask_bytes(uint32_t bits) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* half h (rows 8h..8h+7) of a tile against NRW activation rows */
-static AI void half_avx2(const int type, const Layout *l, const uint8_t *tile, int64_t units, const Act *a, int64_t r,
+/* half h (rows 8h..8h+7) of a tile against NRW activation rows. VPMADDUBSW's 16-bit sums are added up for
+ * as many steps as cannot overflow (4-bit codes: a whole group of 32; 5-bit: half; 6- and 8-bit: one step)
+ * before VPMADDWD widens them. */
+static AI void half_avx2(const int type, const uint8_t *tile, int64_t units, const Act *a, int64_t r,
                          float *y, int64_t ldy, int64_t n0, int valid, int h, const int NRW) {
+    const Layout layout = layout_const(type), *l = &layout;
     const int masks = type == T_Q5_0 || type == T_Q5_1 || type == T_Q5_K, plane = type == T_Q6_K;
+    const int widen_every = type == T_Q8_0 || plane ? 1 : (masks ? 4 : 8);     /* steps between VPMADDWDs */
+    const int groups = l->values / l->group, steps = l->group / 4;
     const int64_t K = a->K, nb = K / 32;
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), three = _mm256_set1_epi8(3);
     const float q8_offset = 0.0f;
-    __m256 acc[MR];
-    for (int j = 0; j < NRW; j++) acc[j] = _mm256_setzero_ps();
-    const int groups = l->values / l->group, steps = l->group / 4;
+    const int8_t *xq[QMR];
+    const float *dx[QMR], *sx[QMR];
+    __m256 acc[QMR];
+    for (int j = 0; j < NRW; j++) {
+        xq[j] = a->xq + (r + j) * K;
+        dx[j] = a->dx + (r + j) * nb;
+        sx[j] = l->group == 16 ? a->s16 + (r + j) * 2 * nb : a->s32 + (r + j) * nb;
+        acc[j] = _mm256_setzero_ps();
+    }
     for (int64_t v = 0; v < units; v++) {
         const uint8_t *unit = tile + v * l->unit;
+        if (h == 0) prefetch_unit(unit, l->unit);
         for (int g = 0; g < groups; g++) {
-            __m256i dot[MR];
-            for (int j = 0; j < NRW; j++) dot[j] = _mm256_setzero_si256();
+            __m256i dot[QMR], sum16[QMR];
+            for (int j = 0; j < NRW; j++) dot[j] = sum16[j] = _mm256_setzero_si256();
             const int64_t k0 = v * l->values + g * l->group;
+#pragma GCC unroll 8
             for (int s = 0; s < steps; s += (type == T_Q8_0 ? 1 : 2)) {
                 const int step = g * steps + s;
                 __m256i c0, c1 = _mm256_setzero_si256();
@@ -492,16 +521,18 @@ static AI void half_avx2(const int type, const Layout *l, const uint8_t *tile, i
                 }
                 const int64_t k = k0 + 4 * s;
                 for (int j = 0; j < NRW; j++) {
-                    const int8_t *xr = a->xq + (r + j) * K + k;
-                    const __m256i xv0 = _mm256_set1_epi32(*(const i32_any *)xr);
-                    __m256i p;
+                    const __m256i x0 = _mm256_set1_epi32(*(const i32_any *)(xq[j] + k));
                     if (type == T_Q8_0) {
-                        p = _mm256_maddubs_epi16(_mm256_abs_epi8(c0), _mm256_sign_epi8(xv0, c0));
+                        sum16[j] = _mm256_maddubs_epi16(_mm256_abs_epi8(c0), _mm256_sign_epi8(x0, c0));
                     } else {
-                        p = _mm256_add_epi16(_mm256_maddubs_epi16(c0, xv0),
-                                             _mm256_maddubs_epi16(c1, _mm256_set1_epi32(*(const i32_any *)(xr + 4))));
+                        const __m256i x1 = _mm256_set1_epi32(*(const i32_any *)(xq[j] + k + 4));
+                        sum16[j] = _mm256_add_epi16(sum16[j], _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0),
+                                                                               _mm256_maddubs_epi16(c1, x1)));
                     }
-                    dot[j] = _mm256_add_epi32(dot[j], _mm256_madd_epi16(p, ones));
+                    if ((s + (type == T_Q8_0 ? 1 : 2)) % widen_every == 0) {
+                        dot[j] = _mm256_add_epi32(dot[j], _mm256_madd_epi16(sum16[j], ones));
+                        sum16[j] = _mm256_setzero_si256();
+                    }
                 }
             }
             __m256 scale, offset;
@@ -512,12 +543,10 @@ static AI void half_avx2(const int type, const Layout *l, const uint8_t *tile, i
 #undef CVTPH_H
 #undef CVTI8_H
 #undef CVTU8_H
-            const int64_t b = k0 / 32;
             for (int j = 0; j < NRW; j++) {
-                const float dx = a->dx[(r + j) * nb + b];
-                const float sx = l->group == 16 ? a->s16[(r + j) * 2 * nb + k0 / 16] : a->s32[(r + j) * nb + b];
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), acc[j]);
-                acc[j] = _mm256_fmadd_ps(offset, _mm256_set1_ps(sx), acc[j]);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_mul_ps(scale, _mm256_set1_ps(dx[j][k0 / 32])),
+                                         acc[j]);
+                acc[j] = _mm256_fmadd_ps(offset, _mm256_set1_ps(sx[j][k0 / l->group]), acc[j]);
             }
         }
     }
@@ -552,10 +581,10 @@ typedef struct {
     }
 
 VNNI_TARGET static void rows_vnni(const QArgs *q, const uint8_t *tile, int64_t r, int nrw, int64_t n0, int valid) {
-#define CALL(TYPE, NRW) tile_vnni(TYPE, q->l, tile, q->units, q->a, r + i, q->y, q->ldy, n0, valid, NRW)
-    if (nrw == MR) {
+#define CALL(TYPE, NRW) tile_vnni(TYPE, tile, q->units, q->a, r + i, q->y, q->ldy, n0, valid, NRW)
+    if (nrw == QMR) {
         const int i = 0;
-        TYPE_CASES(CALL, MR)
+        TYPE_CASES(CALL, QMR)
     } else {
         for (int i = 0; i < nrw; i++) TYPE_CASES(CALL, 1)
     }
@@ -564,10 +593,10 @@ VNNI_TARGET static void rows_vnni(const QArgs *q, const uint8_t *tile, int64_t r
 
 static void rows_avx2(const QArgs *q, const uint8_t *tile, int64_t r, int nrw, int64_t n0, int valid) {
     for (int h = 0; h < 2 && 8 * h < valid; h++) {
-#define CALL(TYPE, NRW) half_avx2(TYPE, q->l, tile, q->units, q->a, r + i, q->y, q->ldy, n0, valid, h, NRW)
-        if (nrw == MR) {
+#define CALL(TYPE, NRW) half_avx2(TYPE, tile, q->units, q->a, r + i, q->y, q->ldy, n0, valid, h, NRW)
+        if (nrw == QMR) {
             const int i = 0;
-            TYPE_CASES(CALL, MR)
+            TYPE_CASES(CALL, QMR)
         } else {
             for (int i = 0; i < nrw; i++) TYPE_CASES(CALL, 1)
         }
@@ -583,10 +612,8 @@ static void q_tiles(const void *args, int64_t lo, int64_t hi) {
         const uint8_t *tile = q->w + t * tile_bytes;
         const int64_t n0 = t * TILE;
         const int valid = (int)(q->N - n0 < TILE ? q->N - n0 : TILE);
-        for (int64_t off = 0; off < tile_bytes; off += 64)      /* the run ahead into L2 while this tile works */
-            _mm_prefetch((const char *)(tile + off) + QPREFETCH, _MM_HINT_T1);
-        for (int64_t r = q->m0; r < q->m0 + q->mc; r += MR) {
-            const int nrw = (int)(q->m0 + q->mc - r < MR ? q->m0 + q->mc - r : MR);
+        for (int64_t r = q->m0; r < q->m0 + q->mc; r += QMR) {
+            const int nrw = (int)(q->m0 + q->mc - r < QMR ? q->m0 + q->mc - r : QMR);
             if (q->vnni) rows_vnni(q, tile, r, nrw, n0, valid);
             else rows_avx2(q, tile, r, nrw, n0, valid);
         }
