@@ -13,10 +13,12 @@ import torch
 
 from engine.config import ConfigError, EngineConfig
 from engine.layers.quantized import QuantizedMatmul
+from engine.models.gguf_config import QUANTIZED_KERNEL_TYPES
 from engine.models.gguf_file import read_gguf
 from engine.models.gguf_quantized import weight_bytes_by_type
 from engine.models.loader import load_model
 from kernels import cpu_avx2, cpu_quant
+from kernels.gguf_blocks import QUANT_TYPES
 from tests.engine.hf_models import PagedBatchRunner
 from tests.engine.models.gguf_files import gguf_model, hf_dirs, write_gguf  # noqa: F401
 
@@ -43,6 +45,11 @@ def _logits(model, steps: int = 3) -> torch.Tensor:
 def mixed_gguf(hf_dirs, tmp_path_factory):  # noqa: F811
     path = tmp_path_factory.mktemp("mixed") / "llama-mixed.gguf"
     return write_gguf(hf_dirs("LlamaForCausalLM"), path, "Q5_0", types=MIXED)
+
+
+def test_the_engine_root_knows_the_kernels_types():
+    """engine.models.gguf_config lists them without importing torch; kernels/gguf_blocks defines them."""
+    assert set(QUANTIZED_KERNEL_TYPES) == {name for name, _, _ in QUANT_TYPES.values()}
 
 
 def test_quantization_resolves_per_file(gguf_model, hf_dirs):  # noqa: F811
