@@ -12,9 +12,10 @@ half-precision kernels). They are accelerators, never requirements: with no comp
 RINGSERVE_CPU_KERNELS=0, `available()` is False and callers use the torch paths. Each has a test against
 the torch reference (tests/kernels/test_cpu_avx2.py).
 
-The sources (cpu_gemm.c, cpu_attention.c, cpu_decode.c, cpu_elementwise.c and their header cpu_kernels.h)
+The sources (cpu_gemm.c, cpu_attention.c, cpu_decode.c, cpu_elementwise.c, their header cpu_kernels.h,
+and the quantized kernels cpu_quant.c, cpu_quant_pack.c, cpu_quant.h that kernels/cpu_quant.py wraps)
 build into one library, cached under ~/.cache/ringserve/kernels by a hash of the sources and compiler
-flags; a build takes about three seconds. It links libgomp by soname, so it shares torch's OpenMP runtime
+flags; a build takes about five seconds. It links libgomp by soname, so it shares torch's OpenMP runtime
 (one thread pool) instead of starting a second one.
 """
 
@@ -32,8 +33,9 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, name) for name in
-                ("cpu_gemm.c", "cpu_attention.c", "cpu_decode.c", "cpu_elementwise.c", "cpu_quant.c"))
-HEADER = os.path.join(_HERE, "cpu_kernels.h")
+                ("cpu_gemm.c", "cpu_attention.c", "cpu_decode.c", "cpu_elementwise.c", "cpu_quant.c",
+                 "cpu_quant_pack.c"))
+HEADERS = tuple(os.path.join(_HERE, name) for name in ("cpu_kernels.h", "cpu_quant.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 BF16_DOT_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")    # VDPBF16PS (e.g. AMD Zen 4)
@@ -67,7 +69,7 @@ def _cpu_supported() -> bool:
 
 def _build(compiler: str) -> str:
     text = b""
-    for path in (HEADER, *SOURCES):
+    for path in (*HEADERS, *SOURCES):
         with open(path, "rb") as f:
             text += f.read()
     digest = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:16]

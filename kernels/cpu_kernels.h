@@ -4,8 +4,9 @@
  *   cpu_attention.c    paged_decode_attention16 (decode, and prefill as decode rows)
  *   cpu_decode.c       decode_forward16
  *   cpu_elementwise.c  rms_norm_f32, rope_f32, silu_and_mul_f32/_bf16, sample_exp_rows, the row helpers
- *   cpu_quant.c        repack_q, gemm_q (GGUF-quantized weights, 8-bit activations, integer dot
- *                      products), matmul_weight (a Weight of either kind), dequantize_packed_rows
+ *   cpu_quant.c        gemm_q (GGUF-quantized weights, 8-bit activations, integer dot products),
+ *                      matmul_weight (a Weight of either kind)
+ *   cpu_quant_pack.c   repack_q, dequantize_packed_rows, the activations' quantization (cpu_quant.h)
  *
  * gemm16: y[M, N] = x[M, K] @ w[N, K]^T for 16-bit weights (bf16 or fp16) and float32 activations.
  * torch's own bf16/fp16 matmul on CPUs without AVX-512 BF16 or AMX is compute-bound on the conversion

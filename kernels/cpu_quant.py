@@ -23,7 +23,7 @@ import os
 import torch
 
 from kernels import cpu_avx2
-from kernels.gguf_blocks import QUANT_TYPES, QuantizedWeight
+from kernels.gguf_blocks import QuantizedWeight, bytes_by_type
 
 VNNI_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 
@@ -92,11 +92,7 @@ class PackedWeight:
         return sum(packed.numel() for _, _, packed in self.parts)
 
     def bytes_by_type(self) -> dict[str, int]:
-        sizes: dict[str, int] = {}
-        for type_id, _, packed in self.parts:
-            name = QUANT_TYPES[type_id][0]
-            sizes[name] = sizes.get(name, 0) + packed.numel()
-        return sizes
+        return bytes_by_type((type_id, packed.numel()) for type_id, _, packed in self.parts)
 
     def matmul(self, x: torch.Tensor, precise: bool = False) -> torch.Tensor:
         return gemm_q(x, self, precise=precise)

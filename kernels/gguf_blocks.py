@@ -31,6 +31,15 @@ TYPE_IDS = {name: type_id for type_id, (name, _, _) in QUANT_TYPES.items()}
 FOUR_BIT = (2, 3, 12)          # codes that fit in a nibble (packed two a byte on the GPU)
 
 
+def bytes_by_type(parts) -> dict[str, int]:
+    """{type name: bytes} of (GGML type id, bytes) pairs: what a weight's forms report for the startup line."""
+    sizes: dict[str, int] = {}
+    for type_id, nbytes in parts:
+        name = QUANT_TYPES[type_id][0]
+        sizes[name] = sizes.get(name, 0) + nbytes
+    return sizes
+
+
 def row_bytes(type_id: int, k: int) -> int:
     """Bytes of one row of k values of the type (k a multiple of its block)."""
     _, values, size = QUANT_TYPES[type_id]
@@ -176,11 +185,7 @@ class QuantizedWeight:
         return sum(raw.numel() for _, raw in self.parts)
 
     def bytes_by_type(self) -> dict[str, int]:
-        sizes: dict[str, int] = {}
-        for type_id, raw in self.parts:
-            name = QUANT_TYPES[type_id][0]
-            sizes[name] = sizes.get(name, 0) + raw.numel()
-        return sizes
+        return bytes_by_type((type_id, raw.numel()) for type_id, raw in self.parts)
 
     def dequantize(self) -> torch.Tensor:
         """float32 [out_features, in_features]."""

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gguf_blocks import FOUR_BIT, QUANT_TYPES, QuantizedWeight, unpack
+from kernels.gguf_blocks import FOUR_BIT, QUANT_TYPES, QuantizedWeight, bytes_by_type, unpack
 from kernels.triton_attention_tiles import dot_settings
 
 
@@ -91,11 +91,7 @@ class TritonQuantWeight:
         return sum(part.nbytes for part in self.parts)
 
     def bytes_by_type(self) -> dict[str, int]:
-        sizes: dict[str, int] = {}
-        for part in self.parts:
-            name = QUANT_TYPES[part.type_id][0]
-            sizes[name] = sizes.get(name, 0) + part.nbytes
-        return sizes
+        return bytes_by_type((part.type_id, part.nbytes) for part in self.parts)
 
     def matmul(self, x: torch.Tensor, precise: bool = False) -> torch.Tensor:
         """x's own 16-bit activations: `precise` (the CPU kernels' two 8-bit planes) has nothing to add."""
