@@ -31,6 +31,12 @@ def launch_server(config: ServerConfig, engine_client=None) -> None:
     asyncio.run(_serve(config, engine_client))
 
 
+def describe_bytes(sizes: dict[str, int]) -> str:
+    """The startup line's weights: 'Q4_1 66.4 MB, Q8_0 30.1 MB, float16 0.1 MB (96.5 MB)'."""
+    parts = [f"{kind} {count / 1e6:.1f} MB" for kind, count in sorted(sizes.items(), key=lambda kv: -kv[1])]
+    return f"{', '.join(parts)} ({sum(sizes.values()) / 1e6:.1f} MB)" if parts else "none reported"
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("ringserve").setLevel(level.upper())
@@ -53,7 +59,8 @@ async def _serve(config: ServerConfig, engine_client) -> None:
                 return
             app = create_app(engine_client, config)
             host, port = sock.getsockname()[:2]
-            logger.info("serving %s on http://%s:%d", engine_client.config.model_name, host, port)
+            logger.info("serving %s on http://%s:%d (weights: %s)", engine_client.config.model_name, host, port,
+                        describe_bytes(engine_client.weight_bytes))
             await serve(app, hypercorn_config(config, sock.detach()), shutdown_trigger=stop.wait)
             logger.info("stopped serving; shutting the engine down")
         finally:

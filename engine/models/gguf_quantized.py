@@ -83,9 +83,3 @@ def weight_bytes_by_type(model: torch.nn.Module) -> dict[str, int]:
             seen.add(param.data_ptr())
             add(str(param.dtype).removeprefix("torch."), param.numel() * param.element_size())
     return sizes
-
-
-def describe_bytes(sizes: dict[str, int]) -> str:
-    """'Q4_1 66.4 MB, Q8_0 30.1 MB, float16 0.1 MB (96.6 MB)'."""
-    parts = [f"{kind} {count / 1e6:.1f} MB" for kind, count in sorted(sizes.items(), key=lambda kv: -kv[1])]
-    return f"{', '.join(parts)} ({sum(sizes.values()) / 1e6:.1f} MB)"

@@ -30,7 +30,7 @@ from engine.layers.quantized import QuantizedSource
 from engine.layers.weights import CheckpointWeights, SafetensorsSource, ShardId, TensorSource, WeightSource
 from engine.models import CausalLM, ModelArgs, get_model_class
 from engine.models.gguf_file import is_gguf_path, read_gguf
-from engine.models.gguf_quantized import describe_bytes, plan_quantized, weight_bytes_by_type
+from engine.models.gguf_quantized import plan_quantized
 from engine.models.gguf_weights import gguf_checkpoint, hf_name
 
 logger = logging.getLogger(__name__)
@@ -77,8 +77,6 @@ def load_model(
         load_gguf_weights(model, config.model, quantization=config.quantization, progress=show_progress)
     else:
         load_safetensors_weights(model, config.model, progress=show_progress)
-    if tp_rank == 0 and config.load_format != "dummy":
-        logger.info("weights in memory: %s", describe_bytes(weight_bytes_by_type(model)))
     if should_upcast(torch.device(device), dtype):
         upcast_matmul_weights(model)
         model.activation_dtype = torch.float32        # see engine/models/llama.py

@@ -16,6 +16,9 @@ pytestmark = pytest.mark.skipif(find_smollm2() is None, reason=f"{SMOLLM2_NAME} 
 def test_default_server_answers_with_the_real_model():
     with ServerProcess("--kv-cache-memory", "256MiB", "--max-model-len", "2048", startup_timeout=300) as s:
         assert s.model == SMOLLM2_NAME
+        # the file's quantized weights stay in their blocks (--quantization gguf by default)
+        startup = next(line for line in s.lines if "serving " in line)
+        assert "(weights: Q4_1 " in startup and "Q8_0 " in startup, startup
         client = openai.OpenAI(base_url=s.base_url, api_key="unused")
         assert [m.id for m in client.models.list().data] == [SMOLLM2_NAME]
         messages = [{"role": "user", "content": "What is the capital of France?"}]
