@@ -60,7 +60,7 @@ async def _serve(config: ServerConfig, engine_client) -> None:
             app = create_app(engine_client, config)
             host, port = sock.getsockname()[:2]
             logger.info("serving %s on http://%s:%d (weights: %s)", engine_client.config.model_name, host, port,
-                        describe_bytes(engine_client.weight_bytes))
+                        describe_bytes(getattr(engine_client, "weight_bytes", {})))
             await serve(app, hypercorn_config(config, sock.detach()), shutdown_trigger=stop.wait)
             logger.info("stopped serving; shutting the engine down")
         finally:
