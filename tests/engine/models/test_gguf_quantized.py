@@ -141,3 +141,14 @@ def test_triton_path_matches_the_dequantized_model(mixed_gguf):
 
     quantized, dequantized = logits("gguf"), logits("none")
     assert (quantized - dequantized).abs().max() < 0.03 * dequantized.abs().max()
+
+
+def test_a_cpu_without_the_kernels_dequantizes_and_says_why(gguf_model, monkeypatch, caplog):  # noqa: F811
+    import engine.models.gguf_quantized as plan
+
+    monkeypatch.setattr(plan.cpu_quant, "available", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="engine.models.gguf_quantized"):
+        model = _load(gguf_model("LlamaForCausalLM", "Q4_0"), "gguf")
+    assert not any(getattr(m, "qweight", None) is not None for m in model.modules())
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "no quantized CPU kernels here" in message and "blk.0.attn_q.weight (Q4_0)" in message
