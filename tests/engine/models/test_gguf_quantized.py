@@ -131,16 +131,24 @@ def test_a_layer_the_kernels_cannot_take_is_dequantized_with_one_message(hf_dirs
 
 @pytest.mark.gpu
 def test_triton_path_matches_the_dequantized_model(mixed_gguf):
-    def logits(quantization):
-        config = EngineConfig(model=str(mixed_gguf), dtype="bfloat16", quantization=quantization,
-                              device="cuda").finalize()
-        model = load_model(config, device="cuda", progress=False)
-        runner = PagedBatchRunner(model, num_blocks=32, block_size=4)
-        runner.kv_caches = [c.cuda() for c in runner.kv_caches]
-        return runner.step(PROMPTS)["a"].float().cpu()
+    """On a GPU, the whole engine (CUDA graphs included) over the Triton kernel: a prompt's logprobs as the
+    dequantized bf16 model gives them (the kernel rounds each dequantized tile to bf16 as that model's
+    weights are), and the same greedy tokens."""
+    from engine import LLM, SamplingParams
 
-    quantized, dequantized = logits("gguf"), logits("none")
-    assert (quantized - dequantized).abs().max() < 0.03 * dequantized.abs().max()
+    prompt = [(7 * i + 3) % 263 for i in range(40)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=1)
+
+    def run(quantization):
+        with LLM(str(mixed_gguf), skip_tokenizer_init=True, dtype="bfloat16", quantization=quantization,
+                 max_model_len=256) as llm:
+            assert llm.config.quantization == quantization
+            return llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+
+    quantized, dequantized = run("gguf"), run("none")
+    for token, a, b in zip(prompt[1:], quantized.prompt_logprobs[1:], dequantized.prompt_logprobs[1:], strict=True):
+        assert abs(a[token] - b[token]) < 0.1
+    assert quantized.outputs[0].token_ids[:4] == dequantized.outputs[0].token_ids[:4]
 
 
 def test_a_cpu_without_the_kernels_dequantizes_and_says_why(gguf_model, monkeypatch, caplog):  # noqa: F811
