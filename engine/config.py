@@ -36,6 +36,7 @@ from engine.models.pooler_config import PoolerConfig, read_max_seq_length, resol
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy", "fake")
+QUANTIZATIONS = ("gguf", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DEMO_NAME = "ringserve-demo"
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -101,6 +102,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     dtype: str = "auto"
     max_model_len: int | None = None
     load_format: str = "auto"                # auto | safetensors | dummy | fake (zero-cost fake model)
+    quantization: str | None = None          # gguf: a GGUF file's quantized tensors stay in their blocks and
+                                             # run through quantized kernels; none: dequantized at load;
+                                             # None: gguf for a GGUF file that holds quantized tensors
     fake_step_us: int = 0                    # load_format fake: each forward sleeps this long, as a CPU
                                              # waiting for a GPU step would (engine-overhead benchmarks)
     seed: int = 0
@@ -306,6 +310,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"{cuda_device_count()} (check CUDA_VISIBLE_DEVICES)"
             )
         self.resolved_dtype = self._resolve_dtype(hf)
+        self.quantization = self._resolve_quantization()
 
         limit = encoder.max_len if encoder else _model_max_len(hf)
         if self.max_model_len is None:       # an encoder: as long as sentence-transformers truncates to
@@ -469,6 +474,20 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.resolved_device == "cpu" and declared == "float16" and not cpu_half_kernels_possible():
             return "float32"     # without kernels/cpu_avx2, fp16 matmuls on the CPU are slow and lossy
         return declared
+
+    def _resolve_quantization(self) -> str:
+        if self.quantization is not None:
+            _check_choice("quantization", self.quantization, QUANTIZATIONS)
+        if not self.is_gguf or self.load_format in ("dummy", "fake"):
+            if self.quantization == "gguf":
+                raise ConfigError("quantization 'gguf' needs a .gguf model file read from disk "
+                                  f"({self.model!r} with load_format {self.load_format!r})")
+            return "none"
+        if self.quantization is not None:
+            return self.quantization
+        from engine.models.gguf_config import holds_quantized_tensors
+
+        return "gguf" if holds_quantized_tensors(self.model) else "none"
 
     # ------------------------------------------------------------------ transport
     def to_json(self) -> bytes:

@@ -73,6 +73,7 @@ class EngineReady(_Msg, tag="ready"):
     block_size: int
     max_model_len: int
     pids: dict[str, int]              # "scheduler", "executor0", ... -> pid
+    weight_bytes: dict[str, int] = msgspec.field(default_factory=dict)   # by GGUF type or dtype, all ranks
 
 
 class SchedulerStats(_Msg, tag="stats"):
@@ -175,6 +176,7 @@ class ExecutorReady(_Msg, tag="ready"):
     rank: int
     num_blocks: int
     pid: int
+    weight_bytes: dict[str, int] = msgspec.field(default_factory=dict)   # this rank's, by type (the startup line)
 
 
 class ModelRunnerOutput(_Msg, tag="result"):

@@ -118,6 +118,11 @@ class DPEngineClient:
         return min(c.num_blocks for c in self.clients)
 
     @property
+    def weight_bytes(self) -> dict[str, int]:
+        """One engine's weights by type (every engine holds the same)."""
+        return self.clients[0].weight_bytes
+
+    @property
     def pids(self) -> dict[str, int]:
         return {f"dp{rank}.{name}": pid for rank, c in enumerate(self.clients) for name, pid in c.pids.items()}
 

@@ -65,6 +65,7 @@ class EngineClient(PoolingRequests):
         self.eos_token_ids = eos_token_ids(self.config)
         self.generation_defaults = self.config.sampling_defaults.values
         self.num_blocks = 0
+        self.weight_bytes: dict[str, int] = {}         # what the executors' weights take, by type
         self.block_size = self.config.block_size
         self.max_model_len = self.config.max_model_len
         self.pids: dict[str, int] = {}
@@ -98,6 +99,7 @@ class EngineClient(PoolingRequests):
 
             self._local = EngineCore(self.config, LocalExecutor(self.config))
             self.num_blocks = self._local.executor.num_blocks
+            self.weight_bytes = dict(self._local.executor.weight_bytes)
             self.pids = dict(self._local.executor.pids)
         else:
             self._start_processes()
@@ -132,6 +134,7 @@ class EngineClient(PoolingRequests):
         self._requests.unlink()
         self._outputs.unlink()
         self.num_blocks = msg.num_blocks
+        self.weight_bytes = dict(msg.weight_bytes)
         self.pids = dict(msg.pids)
 
     def _abandon(self) -> None:

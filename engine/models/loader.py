@@ -26,9 +26,11 @@ from engine import distributed
 from engine.attention import get_attention_backend
 from engine.config import ConfigError, EngineConfig
 from engine.layers.cpu_matmul import should_upcast, upcast_matmul_weights
+from engine.layers.quantized import QuantizedSource
 from engine.layers.weights import CheckpointWeights, SafetensorsSource, ShardId, TensorSource, WeightSource
 from engine.models import CausalLM, get_model_class
 from engine.models.gguf_file import is_gguf_path, read_gguf
+from engine.models.gguf_quantized import plan_quantized
 from engine.models.gguf_weights import gguf_checkpoint, hf_name
 from engine.models.registry import model_args
 
@@ -73,7 +75,7 @@ def load_model(
     if config.load_format == "dummy":
         load_dummy_weights(model, seed=config.seed, progress=show_progress)
     elif is_gguf_path(config.model):
-        load_gguf_weights(model, config.model, progress=show_progress)
+        load_gguf_weights(model, config.model, quantization=config.quantization, progress=show_progress)
     else:
         load_safetensors_weights(model, config.model, progress=show_progress)
     if should_upcast(torch.device(device), dtype):
@@ -132,15 +134,34 @@ def load_safetensors_weights(model: CausalLM, model_dir: str, *, progress: bool 
             load_tensor(name, params[name], SafetensorsSource(f.get_slice(stored)))
 
 
-def load_gguf_weights(model: CausalLM, path: str, *, progress: bool = True) -> None:
-    """Fill every parameter from a GGUF file, dequantizing each tensor to float32 as it is loaded."""
+def load_gguf_weights(model: CausalLM, path: str, *, quantization: str = "none", progress: bool = True) -> None:
+    """Fill every parameter from a GGUF file: each tensor dequantized to float32 as it is loaded, or with
+    quantization "gguf", the quantized tensors the kernels take kept in their blocks
+    (engine/models/gguf_quantized.py)."""
     params = checkpoint_params(model)
-    names = [hf for hf in map(hf_name, read_gguf(path).tensors) if hf is not None and not _ignored(hf, model)]
+    gguf = read_gguf(path)
+    names = {hf: name for name in gguf.tensors if (hf := hf_name(name)) is not None and not _ignored(hf, model)}
     _check_names(set(names), set(params), path)
-    for name, tensor in tqdm(gguf_checkpoint(path), desc="Loading GGUF weights", unit="tensor", file=sys.stderr,
-                             total=len(names), disable=not progress):
-        if not _ignored(name, model):
+    device = next(model.parameters()).device
+    blocks = plan_quantized(gguf, names, params, device) if quantization == "gguf" else set()
+    quantized_layers = {params[hf][0]: None for hf in blocks}
+    for name, tensor in tqdm(gguf_checkpoint(path, frozenset(names[hf] for hf in blocks)), desc="Loading GGUF weights",
+                             unit="tensor", file=sys.stderr, total=len(names), disable=not progress):
+        if _ignored(name, model):
+            continue
+        if isinstance(tensor, QuantizedSource):
+            module, param, shard_id = params[name]
+            if tensor.shape != module.checkpoint_shape(param, shard_id):
+                raise ValueError(f"checkpoint tensor {name} has shape {list(tensor.shape)}; the model's config "
+                                 f"expects {list(module.checkpoint_shape(param, shard_id))}")
+            module.load_quantized(tensor, shard_id)
+        else:
             load_tensor(name, params[name], TensorSource(tensor))
+    for layer in quantized_layers:
+        layer.finish_quantized()
+    embedding = getattr(model.model, "embed_tokens", None)
+    if model.args.tie_word_embeddings and getattr(embedding, "qweight", None) is not None:
+        model.lm_head.use_quantized(embedding.qweight)
 
 
 def load_dummy_weights(model: CausalLM, *, seed: int, progress: bool = True) -> None:

@@ -15,6 +15,7 @@ from engine.config import (
     DEVICES,
     DTYPES,
     LOAD_FORMATS,
+    QUANTIZATIONS,
     RUNNERS,
     SCHEDULING_POLICIES,
     SMOLLM2_INSTALL,
@@ -97,6 +98,9 @@ ENGINE_OPTIONS = [
     click.option("--max-model-len", type=SIZE, default=None,
                  help="Context length in tokens, e.g. 4096 or 32k (default: the model's)."),
     click.option("--dtype", type=click.Choice(DTYPES), default="auto", help="Weight and activation dtype."),
+    click.option("--quantization", "-q", type=click.Choice(QUANTIZATIONS), default=None,
+                 help="gguf: keep a GGUF file's quantized weights in their blocks and multiply them with "
+                      "quantized kernels (the default for such a file); none: dequantize them at load."),
     click.option("--seed", type=int, default=0, help="Seed of the engine's random state."),
     click.option("--runner", type=click.Choice(RUNNERS), default="auto",
                  help="generate (text) or pooling (embeddings); auto: pooling for encoder models (BERT family), "
@@ -197,6 +201,7 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         model=model, tokenizer=options["tokenizer"], revision=options["revision"],
         download_dir=options["download_dir"], dtype=options["dtype"],
         max_model_len=options["max_model_len"], load_format=options["load_format"], seed=options["seed"],
+        quantization=options["quantization"],
         device=options["device"], tensor_parallel_size=options["tensor_parallel_size"],
         enforce_eager=options["enforce_eager"], block_size=int(options["block_size"]),
         enable_prefix_caching=options["enable_prefix_caching"],
