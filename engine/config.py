@@ -20,17 +20,29 @@ import msgspec
 
 from engine.errors import ConfigError
 from engine.generation_config import SamplingDefaults, check_mode, sampling_defaults
-from engine.models.bundled import SMOLLM2_INSTALL, SMOLLM2_NAME, find_smollm2
+from engine.models.bundled import (
+    MINILM_INSTALL,
+    MINILM_NAME,
+    SMOLLM2_INSTALL,
+    SMOLLM2_NAME,
+    find_minilm,
+    find_smollm2,
+)
+from engine.models.encoder_args import ENCODER_ARCHITECTURES, EncoderArgs
 from engine.models.gguf_file import is_gguf_path
 from engine.models.model_args import SUPPORTED_ARCHITECTURES, ModelArgs
+from engine.models.model_zip import is_model_zip, unpack_model_zip
+from engine.models.pooler_config import PoolerConfig, read_max_seq_length, resolve_pooler_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy", "fake")
+QUANTIZATIONS = ("gguf", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DEMO_NAME = "ringserve-demo"
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DATA_PARALLEL_ROUTINGS = ("prefix", "load", "round_robin")
 KV_EVENT_PUBLISHERS = ("null", "zmq")
+RUNNERS = ("auto", "generate", "pooling")
 
 GiB = 1 << 30
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"     # every process's log lines
@@ -79,8 +91,9 @@ class KVEventsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class EngineConfig(msgspec.Struct, kw_only=True):
     # --- model
-    model: str = ""                          # HF model directory, hub repo id, .gguf file, or a built-in
-                                             # name (ringserve-demo, smollm2-135m-instruct); "": the demo
+    model: str = ""                          # HF model directory (or a .zip of one), hub repo id, .gguf file, or
+                                             # a built-in name (ringserve-demo, smollm2-135m-instruct,
+                                             # all-minilm-l6-v2); "": the demo
     revision: str | None = None              # hub branch, tag or commit of a repo id
     download_dir: str | None = None          # hub cache directory (default: huggingface_hub's)
     tokenizer: str | None = None             # defaults to the model directory (or the GGUF file)
@@ -89,11 +102,18 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     dtype: str = "auto"
     max_model_len: int | None = None
     load_format: str = "auto"                # auto | safetensors | dummy | fake (zero-cost fake model)
+    quantization: str | None = None          # gguf: a GGUF file's quantized tensors stay in their blocks and
+                                             # run through quantized kernels; none: dequantized at load;
+                                             # None: gguf for a GGUF file that holds quantized tensors
     fake_step_us: int = 0                    # load_format fake: each forward sleeps this long, as a CPU
                                              # waiting for a GPU step would (engine-overhead benchmarks)
     seed: int = 0
     generation_config: str = "auto"          # sampling defaults: auto (the model's), vllm (none), or a folder
     override_generation_config: dict[str, Any] = {}   # fields set on top of those (vLLM's option)
+    # --- pooling models (embeddings; engine/models/pooler_config.py)
+    runner: str = "auto"                     # auto | generate | pooling (vLLM's --runner); finalize() writes the
+                                             # choice back: pooling for encoder models (BERT family), else generate
+    pooler_config: PoolerConfig | None = None    # pooling type and normalize; finalize() fills in the model's
     # --- device and parallelism
     device: str = "auto"
     tensor_parallel_size: int = 1
@@ -134,6 +154,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     resolved_device: str = ""
     vocab_size: int = 0
     sampling_defaults: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
+    hidden_size: int = 0                     # the length of a pooled vector
     finalized: bool = False
 
     # ------------------------------------------------------------------ derived values
@@ -171,6 +192,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     def executor_threads(self) -> int:
         """torch threads of each CPU executor: --cpu-threads, else the cores shared among the ranks."""
         return self.cpu_threads or max(1, (os.cpu_count() or 1) // self.tensor_parallel_size)
+
+    @property
+    def is_encoder(self) -> bool:
+        """An encoder model (BERT family): bidirectional attention, no KV cache, pooling only."""
+        return self.architecture in ENCODER_ARCHITECTURES
 
     @property
     def is_gguf(self) -> bool:
@@ -254,16 +280,18 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
         hf = self.hf_config()
         archs = hf.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        known = SUPPORTED_ARCHITECTURES + ENCODER_ARCHITECTURES
+        arch = next((a for a in archs if a in known), None)
         if arch is None:
             raise ConfigError(
                 f"unsupported architecture {archs or hf.get('model_type')!r} in {self.model}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"supported: {', '.join(known)}"
             )
         self.architecture = arch
         self.vocab_size = int(hf["vocab_size"])
         self.sampling_defaults = sampling_defaults(self.model, self.is_gguf, self.generation_config,
                                                    self.override_generation_config)
+        encoder = self._resolve_runner(hf)
 
         heads = int(hf["num_attention_heads"])
         kv_heads = int(hf.get("num_key_value_heads") or heads)
@@ -282,10 +310,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"{cuda_device_count()} (check CUDA_VISIBLE_DEVICES)"
             )
         self.resolved_dtype = self._resolve_dtype(hf)
+        self.quantization = self._resolve_quantization()
 
-        limit = _model_max_len(hf)
-        if self.max_model_len is None:
-            self.max_model_len = limit
+        limit = encoder.max_len if encoder else _model_max_len(hf)
+        if self.max_model_len is None:       # an encoder: as long as sentence-transformers truncates to
+            self.max_model_len = min(limit, (encoder and read_max_seq_length(self.model)) or limit)
         elif self.max_model_len > limit:
             raise ConfigError(
                 f"max_model_len {self.max_model_len} exceeds the model's limit of {limit} tokens "
@@ -302,12 +331,12 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"ring_bytes {self.ring_bytes} is too small for max_model_len {self.max_model_len}: "
                 f"a full-length prompt needs ring_bytes >= {needed}"
             )
-        args = ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what the decoder can't compute
+        args = encoder or ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what it can't compute
         backend = self.attention_backend or ("triton" if self.resolved_device == "cuda" else "torch")
         if backend == "triton" and importlib.util.find_spec("triton") is None:
             raise ConfigError("the triton attention backend (the default on a GPU) needs triton, which the "
                               "default install leaves out: pip install 'ringserve[gpu]' (or triton)")
-        if backend == "triton" and args.head_dim not in TRITON_HEAD_DIMS:
+        if backend == "triton" and not encoder and args.head_dim not in TRITON_HEAD_DIMS:
             raise ConfigError(
                 f"head_dim {args.head_dim} is not supported by the triton attention backend "
                 f"({', '.join(map(str, TRITON_HEAD_DIMS))}); pass attention_backend='torch'"
@@ -323,6 +352,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs})"
             )
+        if self.runner == "pooling":
+            self._fit_pooling()
         if self.in_process and tp != 1:
             raise ConfigError("in_process mode runs one executor; tensor_parallel_size must be 1")
         if self.in_process and self.data_parallel_size != 1:
@@ -357,6 +388,41 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"{self.max_num_seqs} over a {self.vocab_size}-token vocabulary: ring_bytes >= {needed} is needed"
             )
 
+    def _resolve_runner(self, hf: dict) -> EncoderArgs | None:
+        """Pick the runner (vLLM's: pooling for an encoder, generate otherwise) and, for pooling, the pooler
+        config; returns the encoder's args for an encoder model (read here, so a bad config fails now)."""
+        _check_choice("runner", self.runner, RUNNERS)
+        encoder = EncoderArgs.from_hf_config(hf, self.architecture) if self.is_encoder else None
+        if encoder and self.runner == "generate":
+            raise ConfigError(f"{self.architecture} is an encoder model: it computes embeddings (runner 'pooling') "
+                              "and cannot generate text (runner 'generate')")
+        if self.runner == "auto":
+            self.runner = "pooling" if encoder else "generate"
+        self.hidden_size = int(hf.get("hidden_size") or 0)
+        if self.runner == "pooling":
+            self.pooler_config = resolve_pooler_config(None if self.is_gguf else self.model, hf, bool(encoder),
+                                                       self.pooler_config)
+        elif self.pooler_config is not None:
+            raise ConfigError("pooler_config applies to runner 'pooling' only")
+        return encoder
+
+    def _fit_pooling(self) -> None:
+        """A pooling step returns one float32 vector per request on the result ring: it must hold a full
+        batch of them (the ring grows when ring_bytes is the default); an encoder runs a whole prompt in one
+        step, so the token budget must take a max_model_len prompt."""
+        if self.load_format == "fake":
+            raise ConfigError("load_format 'fake' has no pooling model; use dummy weights instead")
+        if self.is_encoder and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                              f"max_model_len ({self.max_model_len}): an encoder runs a whole prompt in one step")
+        needed = 4 * (self.max_num_seqs * (4 * self.hidden_size + 8) + PARAMS_ALLOWANCE)
+        if self.ring_bytes == DEFAULT_RING_BYTES and needed > self.ring_bytes:
+            self.ring_bytes = -(-needed // (1 << 20)) << 20
+        if self.ring_bytes < needed:
+            raise ConfigError(f"ring_bytes {self.ring_bytes} is too small for the pooled vectors of max_num_seqs "
+                              f"{self.max_num_seqs} requests of {self.hidden_size} floats: ring_bytes >= {needed} "
+                              "is needed")
+
     def _resolve_model(self) -> None:
         """Turn MODEL into a local directory or GGUF file: built-in names, then local paths, then hub ids."""
         if self.model in ("", DEMO_NAME):
@@ -371,6 +437,17 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 raise ConfigError(f"{SMOLLM2_NAME} is not installed; install it with: {SMOLLM2_INSTALL}")
             self.model = path
             self.served_model_name = self.served_model_name or SMOLLM2_NAME
+            return
+        if self.model == MINILM_NAME:
+            path = find_minilm()
+            if path is None:
+                raise ConfigError(f"{MINILM_NAME} is not installed; install it with: {MINILM_INSTALL}")
+            self.model = unpack_model_zip(path)
+            self.served_model_name = self.served_model_name or MINILM_NAME
+            return
+        if is_model_zip(os.path.expanduser(self.model)):      # a zipped model directory: unpacked once
+            self.served_model_name = self.served_model_name or self.model
+            self.model = unpack_model_zip(os.path.expanduser(self.model))
             return
         from engine.models.hub import looks_like_repo_id, resolve_repo
 
@@ -397,6 +474,20 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.resolved_device == "cpu" and declared == "float16" and not cpu_half_kernels_possible():
             return "float32"     # without kernels/cpu_avx2, fp16 matmuls on the CPU are slow and lossy
         return declared
+
+    def _resolve_quantization(self) -> str:
+        if self.quantization is not None:
+            _check_choice("quantization", self.quantization, QUANTIZATIONS)
+        if not self.is_gguf or self.load_format in ("dummy", "fake"):
+            if self.quantization == "gguf":
+                raise ConfigError("quantization 'gguf' needs a .gguf model file read from disk "
+                                  f"({self.model!r} with load_format {self.load_format!r})")
+            return "none"
+        if self.quantization is not None:
+            return self.quantization
+        from engine.models.gguf_config import holds_quantized_tensors
+
+        return "gguf" if holds_quantized_tensors(self.model) else "none"
 
     # ------------------------------------------------------------------ transport
     def to_json(self) -> bytes:

@@ -41,3 +41,8 @@ def request_error(message: str) -> ValueError:
     if match is None:
         return ValueError(message)
     return EngineBusyError(message[match.end():], float(match.group(1)))
+
+
+class UnsupportedTaskError(ValueError):
+    """The request's kind is not what the model serves: generation from a pooling (embedding) model, or an
+    embedding from a generative one. The message says which kind the model is."""

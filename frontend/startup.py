@@ -26,9 +26,12 @@ def note(message: str, *args) -> None:
 
 
 def model_summary(config: EngineConfig) -> str:
-    """'float16 (from a Q4_1 GGUF), context 8192 tokens' for a finalized config."""
+    """'Q4_1 GGUF kept quantized (float16 activations), context 8192 tokens' for a finalized config."""
     stored = config.stored_weight_type()
-    weights = f"{config.resolved_dtype} (from a {stored} GGUF)" if stored else config.resolved_dtype
+    if stored and config.quantization == "gguf":
+        weights = f"{stored} GGUF kept quantized ({config.resolved_dtype} activations)"
+    else:
+        weights = f"{config.resolved_dtype} (from a {stored} GGUF)" if stored else config.resolved_dtype
     if config.load_format in ("dummy", "fake"):
         weights += f", {config.load_format} weights"
     return f"{weights}, context {config.max_model_len} tokens"
@@ -40,6 +43,8 @@ def ready_line(engine_client, url: str, web_page_path: str | None = None) -> str
     config: EngineConfig = engine_client.config
     tokens = (engine_client.num_blocks - 1) * config.block_size * config.data_parallel_size   # per engine: min
     parts = [model_summary(config)]
+    if getattr(engine_client, "weight_bytes", None):
+        parts.append(f"weights {describe_bytes(engine_client.weight_bytes)}")
     if config.load_format != "fake":
         parts.append(f"KV cache {tokens} tokens ({_size(tokens * config.kv_bytes_per_token())})")
     parts.append(f"{config.executor_threads} CPU threads per executor" if config.resolved_device == "cpu"
@@ -47,6 +52,12 @@ def ready_line(engine_client, url: str, web_page_path: str | None = None) -> str
     if web_page_path is not None:
         parts.append(f"chat in a browser at {url}{web_page_path}")
     return f"serving {config.model_name} on {url} | " + " | ".join(parts)
+
+
+def describe_bytes(sizes: dict[str, int]) -> str:
+    """The ready line's weights: 'Q4_1 66.4 MB, Q8_0 30.1 MB, float16 0.1 MB (96.5 MB)'."""
+    parts = [f"{kind} {count / 1e6:.1f} MB" for kind, count in sorted(sizes.items(), key=lambda kv: -kv[1])]
+    return f"{', '.join(parts)} ({sum(sizes.values()) / 1e6:.1f} MB)"
 
 
 def _size(nbytes: int) -> str:

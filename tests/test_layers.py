@@ -22,7 +22,8 @@ CONTRACTS = ("engine.config", "engine.errors", "engine.sampling_params", "engine
              "engine.process", "engine.distributed", "engine.block_hash",
              "engine.structured_spec", "engine.generation_config")
 MODEL_ARGS = ("engine.models.model_args", "engine.models.demo", "engine.models.bundled", "engine.models.hub",
-              "engine.models.gguf_file", "engine.models.gguf_config")     # torch-free model descriptions
+              "engine.models.gguf_file", "engine.models.gguf_config", "engine.models.encoder_args",
+              "engine.models.pooler_config", "engine.models.model_zip")     # torch-free model descriptions
 ENGINE_FACE = ("engine!", "engine.config", "engine.sampling_params", "engine.outputs", "engine.errors",
                "engine.structured_spec", "engine.client")         # what the frontend may see of the engine
 FRONTEND_MAY_USE = (*ENGINE_FACE, "frontend")

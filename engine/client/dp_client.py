@@ -27,8 +27,8 @@ from engine.client.engine_client import EngineClient
 from engine.client.router import Router, load_score
 from engine.config import EngineConfig
 from engine.messages import SchedulerStats
-from engine.outputs import EngineDeadError, RequestDelta
-from engine.sampling_params import SamplingParams
+from engine.outputs import EngineDeadError, PoolingRequestOutput, RequestDelta
+from engine.sampling_params import PoolingParams, SamplingParams
 
 
 def device_env(config: EngineConfig, rank: int) -> dict[str, str] | None:
@@ -103,6 +103,11 @@ class DPEngineClient(EngineClientBase):
     def num_blocks(self) -> int:
         """KV blocks of one engine (they are alike); what a single request can use."""
         return min(c.num_blocks for c in self.clients)
+
+    @property
+    def weight_bytes(self) -> dict[str, int]:
+        """One engine's weights by type (every engine holds the same)."""
+        return self.clients[0].weight_bytes
 
     @property
     def pids(self) -> dict[str, int]:
@@ -180,9 +185,25 @@ class DPEngineClient(EngineClientBase):
         rank = self.route(request_id, prompt_token_ids, cache_salt, data_parallel_rank)
         stream = self.clients[rank].generate(request_id, prompt_token_ids, params, priority=priority,
                                              cache_salt=cache_salt, arrival_time=arrival_time)
+        async for delta in self._relay(rank, request_id, stream):
+            yield delta
+
+    async def encode(self, request_id: str, prompt_token_ids, pooling_params: PoolingParams | None = None, *,
+                     priority: int = 0, arrival_time: float | None = None,
+                     data_parallel_rank: int | None = None) -> AsyncIterator[PoolingRequestOutput]:
+        self._check_alive()
+        self.clients[0].check_task(pooling=True)
+        rank = self.route(request_id, prompt_token_ids, None, data_parallel_rank)
+        stream = self.clients[rank].encode(request_id, prompt_token_ids, pooling_params, priority=priority,
+                                           arrival_time=arrival_time)
+        async for output in self._relay(rank, request_id, stream):
+            yield output
+
+    async def _relay(self, rank: int, request_id: str, stream: AsyncIterator) -> AsyncIterator:
+        """A rank's stream for one request: its death named with the rank, the request forgotten at the end."""
         try:
-            async for delta in stream:
-                yield delta
+            async for item in stream:
+                yield item
         except EngineDeadError as e:
             raise EngineDeadError(f"data-parallel engine {rank}: {e}") from None
         finally:
@@ -209,6 +230,17 @@ class DPEngineClient(EngineClientBase):
         try:
             self.clients[rank].add_request(request_id, prompt_token_ids, params, priority=priority,
                                            cache_salt=cache_salt)
+        except BaseException:
+            self._where.pop(request_id, None)
+            raise
+
+    def add_pooling_request(self, request_id: str, prompt_token_ids, pooling_params: PoolingParams | None = None,
+                            *, priority: int = 0, data_parallel_rank: int | None = None) -> None:
+        self._check_alive()
+        self.clients[0].check_task(pooling=True)
+        rank = self.route(request_id, prompt_token_ids, None, data_parallel_rank)
+        try:
+            self.clients[rank].add_pooling_request(request_id, prompt_token_ids, pooling_params, priority=priority)
         except BaseException:
             self._where.pop(request_id, None)
             raise

@@ -4,10 +4,12 @@ It starts the scheduler process (which starts the executors), owns the request r
 and the output ring (from it), and turns each step's EngineOutputs into per-request RequestDeltas.
 
 Two faces over one state:
-- asyncio (the server): `generate()` is an async iterator of deltas; a reader thread waits on the output
+- asyncio (the server): `generate()` is an async iterator of deltas (`encode()` of one PoolingRequestOutput,
+  for a pooling model); a reader thread waits on the output
   ring (sleeping on its semaphore, so it never competes with the event loop for the GIL) and hands each
   batch of messages to the loop with one call_soon_threadsafe.
-- blocking (`LLM`): `add_request()` and `poll()`, which reads the output ring in the caller's thread.
+- blocking (`LLM`): `add_request()` / `add_pooling_request()` and `poll()`, which reads the output ring in
+  the caller's thread.
 
 Users name requests with strings; on the rings they are int64 handles. With `in_process=True` the
 scheduler and one executor run inside the caller (no processes, no rings; blocking face only).
@@ -27,6 +29,7 @@ import numpy as np
 
 from engine.client.base import EngineClientBase
 from engine.client.output_processor import RequestCollector, RequestState, deltas_from_outputs
+from engine.client.pooling_requests import PoolingRequests
 from engine.client.tokenizer import eos_token_ids
 from engine.config import EngineConfig
 from engine.messages import (
@@ -44,6 +47,7 @@ from engine.messages import (
     SchedulerStats,
     pack,
 )
+from engine.errors import UnsupportedTaskError
 from engine.outputs import EngineDeadError, RequestDelta
 from engine.process import describe_exit, spawn, stop
 from engine.sampling_params import SamplingParams
@@ -55,13 +59,14 @@ READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this 
 logger = logging.getLogger("ringserve.engine")
 
 
-class EngineClient(EngineClientBase):
+class EngineClient(PoolingRequests, EngineClientBase):
     def __init__(self, config: EngineConfig, env: dict[str, str] | None = None) -> None:
         self.config = config.finalize()
         self._env = env                  # added to the scheduler's environment (a DP rank's devices)
         self.eos_token_ids = eos_token_ids(self.config)
         self.generation_defaults = self.config.sampling_defaults.values
         self.num_blocks = 0
+        self.weight_bytes: dict[str, int] = {}         # what the executors' weights take, by type
         self.block_size = self.config.block_size
         self.max_model_len = self.config.max_model_len
         self.pids: dict[str, int] = {}
@@ -92,6 +97,7 @@ class EngineClient(EngineClientBase):
 
             self._local = EngineCore(self.config, LocalExecutor(self.config))
             self.num_blocks = self._local.executor.num_blocks
+            self.weight_bytes = dict(self._local.executor.weight_bytes)
             self.pids = dict(self._local.executor.pids)
         else:
             self._start_processes()
@@ -125,6 +131,7 @@ class EngineClient(EngineClientBase):
         self._requests.unlink()
         self._outputs.unlink()
         self.num_blocks = msg.num_blocks
+        self.weight_bytes = dict(msg.weight_bytes)
         self.pids = dict(msg.pids)
 
     def _abandon(self) -> None:
@@ -196,12 +203,19 @@ class EngineClient(EngineClientBase):
             raise RuntimeError("EngineClient.start() was not called")
 
     # ------------------------------------------------------------------ requests
-    def _make_add(self, request_id: str, prompt_token_ids, params: SamplingParams, priority: int,
-                  cache_salt: str | None, arrival_time: float | None) -> AddRequest:
+    def check_task(self, pooling: bool) -> None:
+        """UnsupportedTaskError unless the model serves this kind of request (the message says its kind)."""
+        name = self.config.model_name
+        if pooling and self.config.runner != "pooling":
+            raise UnsupportedTaskError(f"{name} is a generative model (runner 'generate'): it does not compute "
+                                       "embeddings; serve an embedding model, or this one with --runner pooling")
+        if not pooling and self.config.runner == "pooling":
+            raise UnsupportedTaskError(f"{name} is a pooling model (runner 'pooling': embeddings and scores): "
+                                       "it does not generate text")
+
+    def _prompt_array(self, request_id: str, prompt_token_ids) -> np.ndarray:
         if request_id in self._by_id:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if params.n != 1:
-            raise ValueError("the engine takes n == 1 requests; fan out with SamplingParams.child(i)")
         prompt = np.asarray(prompt_token_ids, dtype=np.int64)
         if prompt.ndim != 1 or not len(prompt):
             raise ValueError("the prompt must be a non-empty list of token ids")
@@ -209,6 +223,14 @@ class EngineClient(EngineClientBase):
         if prompt.min() < 0 or prompt.max() >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); found {int(prompt.max())}"
                              if prompt.max() >= vocab else "prompt token ids must not be negative")
+        return prompt
+
+    def _make_add(self, request_id: str, prompt_token_ids, params: SamplingParams, priority: int,
+                  cache_salt: str | None, arrival_time: float | None) -> AddRequest:
+        self.check_task(pooling=False)
+        if params.n != 1:
+            raise ValueError("the engine takes n == 1 requests; fan out with SamplingParams.child(i)")
+        prompt = self._prompt_array(request_id, prompt_token_ids)
         if len(prompt) >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt)} tokens; this model's max_model_len is {self.max_model_len}, "
@@ -219,7 +241,7 @@ class EngineClient(EngineClientBase):
                 f"the prompt needs {blocks_needed} KV blocks but the cache holds {self.num_blocks - 1}")
         if not params.is_resolved:
             params = params.resolved(self.generation_defaults)
-        params.validate_against(vocab_size=vocab, max_logprobs=self.config.max_logprobs)
+        params.validate_against(vocab_size=self.config.vocab_size, max_logprobs=self.config.max_logprobs)
         return AddRequest(
             req=next(self._handles), prompt_token_ids=pack(prompt), params=params,
             eos_token_ids=self.eos_token_ids,
@@ -228,7 +250,7 @@ class EngineClient(EngineClientBase):
         )
 
     def _register(self, msg: AddRequest, request_id: str, collector: RequestCollector | None) -> None:
-        self._by_handle[msg.req] = RequestState(request_id, collector)
+        self._by_handle[msg.req] = RequestState(request_id, collector, pooling=msg.pooling)
         self._by_id[request_id] = msg.req
         try:
             self._send(msg)
@@ -262,12 +284,7 @@ class EngineClient(EngineClientBase):
     async def generate(self, request_id: str, prompt_token_ids, params: SamplingParams, *,
                        priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
                        data_parallel_rank: int | None = None) -> AsyncIterator[RequestDelta]:
-        self._check_alive()
-        if data_parallel_rank not in (None, 0):
-            raise ValueError(f"data-parallel rank {data_parallel_rank} does not exist: one engine runs")
-        if self._local is not None:
-            raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
-        self._ensure_reader()
+        self._start_async_request(data_parallel_rank)
         msg = self._make_add(request_id, prompt_token_ids, params, priority, cache_salt, arrival_time)
         collector = RequestCollector()
         self._register(msg, request_id, collector)
@@ -282,6 +299,14 @@ class EngineClient(EngineClientBase):
         finally:
             if not finished:
                 self._abort_handle(msg.req)
+
+    def _start_async_request(self, data_parallel_rank: int | None) -> None:
+        self._check_alive()
+        if data_parallel_rank not in (None, 0):
+            raise ValueError(f"data-parallel rank {data_parallel_rank} does not exist: one engine runs")
+        if self._local is not None:
+            raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
+        self._ensure_reader()
 
     async def abort(self, request_id: str) -> None:
         handle = self._by_id.get(request_id)

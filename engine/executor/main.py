@@ -44,7 +44,7 @@ def main() -> int:
     try:
         runner = _start(config, rank, tp, args)
         result.write(out_codec.encode(ExecutorReady(rank=rank, num_blocks=runner.available_blocks(),
-                                                    pid=os.getpid())))
+                                                    pid=os.getpid(), weight_bytes=runner.weight_bytes())))
         _serve(runner, rank, broadcast, result, out_codec)
         return 0
     except PeerDiedError:

@@ -76,6 +76,12 @@ class ModelRunner:
         self.sampler = Sampler(full_row_draw=cpu_avx2.sample_exp_rows if on_cpu_kernels else None)
         self.words_per_row = words_per_row(self.config.vocab_size)
 
+    def weight_bytes(self) -> dict[str, int]:
+        """Bytes this rank's weights take, by GGUF block type (weights kept quantized) or dtype."""
+        from engine.models.gguf_quantized import weight_bytes_by_type
+
+        return weight_bytes_by_type(self.model)
+
     @property
     def bytes_per_block(self) -> int:
         m = self.model

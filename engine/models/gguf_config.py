@@ -16,6 +16,9 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
 FLOAT_TYPES = {0: "float32", 1: "float16", 30: "bfloat16"}
 # The tensor types each checked against transformers token for token (tests/engine/models/test_gguf.py).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+# The quantized types with matmul kernels (kernels/gguf_blocks.QUANT_TYPES; a test pins the two equal: the
+# engine root reads this list without importing torch).
+QUANTIZED_KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def gguf_hf_config(path: str) -> dict:
@@ -74,6 +77,11 @@ def gguf_hf_config(path: str) -> dict:
     if eot is not None and "eos_token_id" in config and eot != config["eos_token_id"]:
         config["eos_token_id"] = [config["eos_token_id"], int(eot)]     # llama.cpp stops at either
     return config
+
+
+def holds_quantized_tensors(path: str) -> bool:
+    """Whether the GGUF file at `path` has a matrix in a type with quantized kernels."""
+    return any(t.type_name in QUANTIZED_KERNEL_TYPES for t in read_gguf(path).tensors.values())
 
 
 def check_tensor_types(gguf: GGUFFile) -> None:

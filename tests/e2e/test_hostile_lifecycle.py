@@ -61,6 +61,9 @@ def test_engine_death_is_logged_once_and_the_stats_line_stops():
         for t in streams:
             t.start()
         assert hostile.wait_for(lambda: s.metric("num_requests_running") == 4, timeout=30)
+        # The demo model writes 2,000 tokens in a second or two on a fast machine: stopping the executor
+        # keeps the four running past the 5 s stats interval, whatever the machine's speed.
+        os.kill(executor, signal.SIGSTOP)
         assert hostile.wait_for(lambda: any("Running: 4 reqs" in line for line in s.lines), timeout=15)
         os.kill(executor, signal.SIGKILL)
         assert hostile.wait_for(lambda: httpx.get(s.url + "/health").status_code == 503, timeout=10)
@@ -103,6 +106,11 @@ def test_sigterm_past_the_timeout_ends_every_stream_with_an_error_event():
             t.start()
         assert hostile.wait_for(lambda: s.metric("num_requests_running") == len(requests), timeout=30)
         engine = descendants(s.proc.pid)
+        # Held past the 1 s shutdown timeout whatever the machine's speed (the demo model writes 2,000
+        # tokens in a second or two on a fast one): the executor stops until 3 s after SIGTERM.
+        (executor,) = hostile.processes(s, "engine.executor.main")
+        os.kill(executor, signal.SIGSTOP)
+        threading.Timer(3.0, os.kill, (executor, signal.SIGCONT)).start()
         assert s.terminate(timeout=60) == 0
         for t in threads:
             t.join(30)

@@ -19,8 +19,10 @@ from tests.e2e.server import ServerProcess
 from tests.readme import curl_requests, readme
 
 pytestmark = pytest.mark.skipif(find_smollm2() is None, reason=f"{SMOLLM2_NAME} is not installed ({SMOLLM2_INSTALL})")
-READY = re.compile(r"serving smollm2-135m-instruct on (http://\S+) \| float16 \(from a Q4_1 GGUF\), context 8192 "
-                   r"tokens \| KV cache (\d+) tokens \(([\d.]+) [GM]iB\) \| (\d+) CPU threads per executor")
+# the file's quantized weights stay in their blocks (--quantization gguf by default): Q4_1 and Q8_0 (its embedding)
+READY = re.compile(r"serving smollm2-135m-instruct on (http://\S+) \| Q4_1 GGUF kept quantized \(float16 activations\), "
+                   r"context 8192 tokens \| weights Q4_1 [\d.]+ MB, Q8_0 [\d.]+ MB.* \| KV cache (\d+) tokens "
+                   r"\(([\d.]+) [GM]iB\) \| (\d+) CPU threads per executor")
 
 
 @pytest.fixture(scope="module")

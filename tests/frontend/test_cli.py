@@ -49,7 +49,7 @@ def test_flags_become_one_server_config(launched, tiny_model):
                     "-tp", "1", "--no-enable-prefix-caching", "--device", "cpu", "--block-size", "32",
                     "--max-num-seqs", "8", "--max-num-batched-tokens", "1k", "--allowed-origins", "https://a,https://b",
                     "--allowed-origins", "https://c", "--shutdown-timeout", "2.5", "--enable-access-log",
-                    "--scheduling-policy", "priority", "--log-level", "warning")
+                    "--scheduling-policy", "priority", "--log-level", "warning", "-q", "none")
     assert result.exit_code == 0, result.output
     (config,) = launched
     engine = config.engine
@@ -59,6 +59,7 @@ def test_flags_become_one_server_config(launched, tiny_model):
     assert engine.kv_cache_memory == 2 * GiB and engine.enable_prefix_caching is False
     assert (engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens) == (32, 8, 1024)
     assert engine.scheduling_policy == "priority" and engine.resolved_device == "cpu"
+    assert engine.quantization == "none"
 
 
 @pytest.mark.parametrize("args,message", [
@@ -72,6 +73,8 @@ def test_flags_become_one_server_config(launched, tiny_model):
     (["--default-chat-template-kwargs", "[1]"], "must be a JSON object"),
     (["--default-chat-template-kwargs", "{oops"], "not JSON"),
     (["--reasoning-field", "thoughts"], "thoughts"),
+    (["--quantization", "gguf"], "quantization 'gguf' needs a .gguf model file"),
+    (["--quantization", "awq"], "awq"),
 ])
 def test_bad_flag_values_are_usage_errors(launched, tiny_model, args, message):
     result = invoke("serve", str(tiny_model), "--device", "cpu", *args)
