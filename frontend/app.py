@@ -1,4 +1,5 @@
-"""create_app: the starlette application over an engine client (routes, middleware, handlers).
+"""create_app: the starlette application over an engine client: each API package's handlers on their routes
+(openai/, anthropic/, responses/), the small routes, the middleware.
 
 Building the app starts nothing; the busy-log task runs in the app's lifespan, i.e. while a server runs it.
 """
@@ -9,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import orjson
@@ -21,31 +21,32 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from engine.client.base import AsyncEngine
 from engine.client.token_bounds import max_chars_per_token
 from engine.client.tokenizer import load_tokenizer
 from engine.outputs import EngineDeadError
 from frontend import version
-from frontend.chat_template import ChatTemplate
+from frontend.anthropic.messages import AnthropicServingMessages
+from frontend.chat.template import ChatTemplate
 from frontend.config import ServerConfig
 from frontend.errors import ApiError, error_response, from_engine_error
-from frontend.logprobs import TokenStrings
-from frontend.metrics import CONTENT_TYPE, ServerMetrics, log_stats_periodically
+from frontend.http_responses import json_response
+from frontend.metrics import CONTENT_TYPE, RequestEventLog, ServerMetrics, log_stats_periodically
 from frontend.middleware import ServerMiddleware
+from frontend.openai.chat import OpenAIServingChat
+from frontend.openai.completions import OpenAIServingCompletion
+from frontend.openai.logprobs import TokenStrings
+from frontend.openai.models import OpenAIServingModels
+from frontend.openai.tokenize import OpenAIServingTokenization
 from frontend.openapi import openapi_document
-from frontend.profiling import RequestEventLog
-from frontend.responses import json_response
-from frontend.serving_chat import OpenAIServingChat
-from frontend.serving_completions import OpenAIServingCompletion
+from frontend.responses.handlers import OpenAIServingResponses
 from frontend.serving_engine import ServingContext
-from frontend.serving_messages import AnthropicServingMessages
-from frontend.serving_responses import OpenAIServingResponses
-from frontend.serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger("ringserve.server")
 TOKENIZER_THREADS = 2       # long prompts tokenized at once (each holds memory in proportion to its length)
 
 
-def create_app(engine_client, config: ServerConfig) -> Starlette:
+def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
     """The OpenAI-compatible app over a started engine client. `app.state.ctx` holds the shared state."""
     engine_config = engine_client.config
     tokenizer = load_tokenizer(engine_config)
@@ -67,6 +68,7 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
     tokenization = OpenAIServingTokenization(ctx)
     messages = AnthropicServingMessages(ctx)
     responses = OpenAIServingResponses(ctx)
+    models = OpenAIServingModels(ctx)
     handlers = _Handlers(ctx)
     routes = [
         Route("/v1/completions", completions.create_completion, methods=["POST"]),
@@ -76,7 +78,7 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
         Route("/v1/responses", responses.create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
-        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
         Route("/metrics", handlers.metrics, methods=["GET"]),
         Route("/version", handlers.version, methods=["GET"]),
@@ -131,11 +133,10 @@ def local_paths(config) -> dict[str, str]:
 
 
 class _Handlers:
-    """The small routes: health, models, metrics, version, profiling, the OpenAPI document."""
+    """The small routes: health, metrics, version, profiling, the OpenAPI document."""
 
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
-        self.created = int(time.time())
         self._openapi = orjson.dumps(openapi_document(version(), ctx.model_name))
 
     async def health(self, request: Request) -> Response:
@@ -144,13 +145,6 @@ class _Handlers:
             return error_response(ApiError(503, f"the engine is not running: {engine.dead_error}"),
                                   path=request.url.path)
         return Response(status_code=200)
-
-    async def models(self, request: Request) -> Response:
-        ctx = self.ctx
-        # root: the model's name, never where its files live on this machine
-        card = {"id": ctx.model_name, "object": "model", "created": self.created, "owned_by": "ringserve",
-                "root": ctx.model_name, "parent": None, "max_model_len": ctx.max_model_len}
-        return json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request: Request) -> Response:
         return Response(self.ctx.metrics.render(), media_type=CONTENT_TYPE)

@@ -4,19 +4,17 @@
   (ctx.chars_per_token: the most characters one token covers, engine/client/token_bounds.py).
 - Short texts are tokenized inline; long ones on the context's small tokenizer pool with `encode_batch`,
   which releases the GIL (`encode` holds it for the whole text), so the event loop keeps serving.
-- Chat messages are rendered by the chat template in a worker thread, its output bounded by the same limit.
+- Chat messages are rendered by the chat template (frontend/chat/preparation.py) in a worker thread, its
+  output bounded by the same limit, then tokenized here.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from frontend.chat_template import TemplateOutputTooLong, template_messages
 from frontend.errors import invalid
-from frontend.protocol import ChatCompletionRequest, TokenizeRequest
 
 INLINE_TOKENIZE_CHARS = 8192
-MAX_TEMPLATE_OUTPUT_CHARS = 64 << 20       # a chat template's output, when the tokenizer gives no tighter bound
 
 
 class PromptPreparation:
@@ -54,33 +52,6 @@ class PromptPreparation:
             return [self.tokenize(text, add_special_tokens) for text in texts]
         return await asyncio.get_running_loop().run_in_executor(self.ctx.tokenizer_pool, self.tokenize_batch,
                                                                 texts, add_special_tokens)
-
-    async def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool) -> list[int]:
-        """req.messages rendered by the chat template and tokenized, in a worker thread (Jinja is slow)."""
-        return (await self.render_chat(req, add_special_tokens))[1]
-
-    async def render_chat(self, req: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool,
-                          tools: list[dict] | None = None) -> tuple[str, list[int]]:
-        """(prompt text, token ids) of req.messages through the chat template, with the request's
-        chat_template_kwargs over --default-chat-template-kwargs; rendered in a worker thread."""
-        template = self.ctx.chat_template
-        if template is None:
-            raise invalid("this model has no chat template; start the server with --chat-template", "messages")
-        rendered = template_messages(req.messages)
-        extra = {**self.ctx.config.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
-        max_chars = self.ctx.max_prompt_chars or MAX_TEMPLATE_OUTPUT_CHARS
-
-        def render() -> str:
-            try:
-                return template.render(rendered, add_generation_prompt=req.add_generation_prompt,
-                                       continue_final_message=req.continue_final_message, extra=extra,
-                                       tools=tools, max_chars=max_chars)
-            except TemplateOutputTooLong as e:
-                self.check_prompt_chars(e.length, "messages")
-                raise invalid(f"the chat template's output exceeds {max_chars} characters", "messages") from None
-
-        text = await asyncio.to_thread(render)
-        return text, (await self.tokenize_prompts([text], add_special_tokens, "messages"))[0]
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         vocab = self.ctx.vocab_size

@@ -1,54 +1,44 @@
-"""What the completions and chat handlers share: reading and checking a request, building sampling params
-and choices, and running the response (SSE stream or one JSON body) against the engine.
+"""What every API handler shares: reading and checking a request, its sampling params and choices, and
+the Run that takes them through the engine (frontend/runner.py), which each API writes in its own shape.
 
-Subclasses say how their chunks and bodies look (`_chunk`, `_response_body`, `_prelude`); the streaming
-loop here is the per-token hot path: a text-only step costs one prebuilt-bytes join and one `send`.
+`OpenAIServing` (vLLM's name for the shared handler base) is the base of every API's handlers;
+`ServingContext` is the state they share, built once by create_app.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
-import orjson
 from starlette.requests import ClientDisconnect, Request
-from starlette.types import Send
 
+from engine.client.base import AsyncEngine
 from engine.client.detokenizer import Detokenizer, backend_tokenizer
-from engine.outputs import RequestDelta
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
-from frontend.chat_template import ChatTemplate
-from frontend.choices import Choice, ChoiceEvent, merge_streams, stream_choice
+from frontend.chat.protocol import MAX_CHOICES, SamplingRequest
+from frontend.chat.template import ChatTemplate
+from frontend.choices import Choice
 from frontend.config import ServerConfig
-from frontend.errors import ApiError, error_body, from_engine_error, from_validation_error, invalid
-from frontend.logprobs import TokenStrings
-from frontend.metrics import ServerMetrics
-from frontend.profiling import RequestEventLog
+from frontend.errors import ApiError, from_validation_error, invalid
+from frontend.metrics import RequestEventLog, ServerMetrics
 from frontend.prompts import PromptPreparation
-from frontend.protocol import MAX_CHOICES, SamplingRequest
-from frontend.responses import JSON_HEADERS, SSE_DONE, SSE_HEADERS, DisconnectAwareResponse, sse_event
-
-logger = logging.getLogger("ringserve.serving")
+from frontend.runner import OutputParser, Run
 
 T = TypeVar("T")
 _FIELD = re.compile(r"[a-z_]+")
-_TEXT_PROBE = "\x00"                       # stands in for a chunk's text to split it into prebuilt parts
-_TEXT_PROBE_JSON = orjson.dumps(_TEXT_PROBE)
 
 
 @dataclass(slots=True)
 class ServingContext:
     """Everything the handlers share, built once by create_app."""
 
-    engine: object
+    engine: AsyncEngine
     config: ServerConfig
     tokenizer: object
     model_name: str
@@ -58,7 +48,7 @@ class ServingContext:
     generation_defaults: dict
     metrics: ServerMetrics
     events: RequestEventLog
-    token_strings: TokenStrings
+    token_strings: Callable[[int], str]     # token id -> its text alone, cached (logprobs, /tokenize)
     chat_template: ChatTemplate | None
     max_prompt_chars: int | None = None     # a prompt longer than this is certain to exceed max_model_len
     chars_per_token: int | None = None      # the most characters one token covers (engine/client/token_bounds)
@@ -66,32 +56,7 @@ class ServingContext:
     tokenizer_pool: ThreadPoolExecutor | None = None   # where long texts are tokenized, a few at a time
 
 
-@dataclass(slots=True)
-class GenerationJob:
-    """One API request on its way through the engine."""
-
-    response_id: str
-    created: int
-    choices: list[Choice]
-    prompt_tokens: int                      # usage: each prompt counted once, whatever n is
-    stream: bool
-    include_usage: bool
-    logprobs: int | None                    # per-token logprobs asked for (None: not asked)
-    priority: int = 0
-    cache_salt: str | None = None
-    echo: bool = False
-    prompt_logprobs: bool = False           # vLLM's prompt_logprobs asked for (shown in the response)
-    data_parallel_rank: int | None = None   # X-data-parallel-rank: the engine this request is pinned to
-    structured: str | None = None           # the field of its grammar constraint, if any: a stream then
-                                            # holds its headers for the first event, so that a grammar the
-                                            # engine fails on (a compile past its deadline) is still a 400
-    output_parsers: list | None = None      # chat: per choice, reasoning and tool-call parsing (chat_output)
-    chat_output: object = None              # chat: the ChatOutputOptions those parsers share
-
-
 class OpenAIServing(PromptPreparation):
-    object_name = ""                        # "text_completion", "chat.completion.chunk", ...
-
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
         self.engine = ctx.engine
@@ -143,10 +108,6 @@ class OpenAIServing(PromptPreparation):
             raise ApiError(400, f"X-data-parallel-rank must be an engine rank from 0 to {size - 1}, "
                                 f"got {value!r}", "X-data-parallel-rank")
         return int(value)
-
-    def engine_error(self, error: Exception) -> ApiError:
-        """What the engine raised for one request, as the API error it is (local paths hidden)."""
-        return from_engine_error(error, self.ctx.local_paths)
 
     def sampling_params(self, req: SamplingRequest, *, logprobs: int | None, prompt_logprobs: int | None,
                         names: dict[str, str],
@@ -219,131 +180,20 @@ class OpenAIServing(PromptPreparation):
                 ))
         return choices
 
+    def run(self, request: Request, response_id: str, prompts: list[list[int]], params: list[SamplingParams],
+            n: int, arrival: float, *, keep_output: bool, echo_texts: list[str] | None = None,
+            parsers: list[OutputParser] | None = None, priority: int = 0, cache_salt: str | None = None,
+            structured: str | None = None) -> Run:
+        """The run of n choices per prompt (`parsers`: one per choice, to read its output), not yet started:
+        `Run.respond` starts it. keep_output: the choices keep their whole output (for a whole response)."""
+        choices = self.make_choices(response_id, prompts, params, n, arrival, keep_output, echo_texts)
+        return Run(self.engine, response_id, choices, prompt_tokens=sum(map(len, prompts)), parsers=parsers,
+                   priority=priority, cache_salt=cache_salt, data_parallel_rank=self.data_parallel_rank(request),
+                   structured=structured, local_paths=self.ctx.local_paths)
+
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
-
-    # ------------------------------------------------------------------ running the response
-    def respond(self, job: GenerationJob) -> DisconnectAwareResponse:
-        if job.stream:
-            for choice in job.choices:
-                head, _, tail = sse_event(self._chunk(job, choice, _TEXT_PROBE, None)).partition(_TEXT_PROBE_JSON)
-                choice.chunk_head, choice.chunk_tail = head, tail
-            return DisconnectAwareResponse(lambda send: self._stream(job, send))
-        return DisconnectAwareResponse(lambda send: self._complete(job, send))
-
-    def _events(self, job: GenerationJob) -> AsyncIterator[ChoiceEvent]:
-        streams = [stream_choice(self.engine, choice, priority=job.priority, cache_salt=job.cache_salt,
-                                 data_parallel_rank=job.data_parallel_rank)
-                   for choice in job.choices]
-        return streams[0] if len(streams) == 1 else merge_streams(streams)
-
-    async def _stream(self, job: GenerationJob, send: Send) -> None:
-        async with aclosing(self._events(job)) as events:
-            first = None
-            if job.structured:
-                try:
-                    first = await events.__anext__()
-                except StopAsyncIteration:
-                    pass
-                except Exception as e:  # nothing was sent yet: answer with the error's own status
-                    await self._send_error(send, e, job)
-                    return
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            await self._stream_events(job, send, events, first)
-
-    async def _stream_events(self, job: GenerationJob, send: Send, events: AsyncIterator[ChoiceEvent],
-                             first: ChoiceEvent | None) -> None:
-        body = "http.response.body"
-        try:
-            for chunk in self._prelude(job):
-                await send({"type": body, "body": chunk, "more_body": True})
-            with_logprobs = job.logprobs is not None
-            parsed = job.output_parsers is not None
-            async for choice, text, delta in (events if first is None else _prepend(first, events)):
-                if parsed:
-                    for chunk in self._parsed_chunks(job, choice, text, delta):
-                        await send({"type": body, "body": chunk, "more_body": True})
-                    continue
-                if choice.finish_reason is None and not with_logprobs:
-                    if not text:
-                        continue
-                    chunk = choice.chunk_head + orjson.dumps(text) + choice.chunk_tail
-                else:
-                    chunk = sse_event(self._chunk(job, choice, text, delta))
-                await send({"type": body, "body": chunk, "more_body": True})
-            if job.include_usage:
-                await send({"type": body, "body": sse_event(self._usage_chunk(job)), "more_body": True})
-        except Exception as e:  # the stream has started: report in-band, then end it properly
-            error = self.engine_error(e)
-            if error.status == 500:
-                logger.exception("request %s failed mid-stream", job.response_id)
-            await send({"type": body, "body": sse_event(error_body(error.status, error.message)),
-                        "more_body": True})
-        await send({"type": body, "body": SSE_DONE, "more_body": False})
-
-    async def _send_error(self, send: Send, e: Exception, job: GenerationJob) -> None:
-        error = _with_param(self.engine_error(e), job)
-        if error.status == 500:
-            logger.exception("request %s failed", job.response_id)
-        await send({"type": "http.response.start", "status": error.status, "headers": error.headers})
-        await send({"type": "http.response.body", "body": orjson.dumps(error_body(error.status, error.message,
-                                                                                  error.param)),
-                    "more_body": False})
-
-    async def _complete(self, job: GenerationJob, send: Send) -> None:
-        try:
-            async with aclosing(self._events(job)) as events:
-                async for _ in events:
-                    pass
-            status, headers, body = 200, JSON_HEADERS, self._response_body(job)
-        except Exception as e:
-            error = _with_param(self.engine_error(e), job)
-            if error.status == 500:
-                logger.exception("request %s failed", job.response_id)
-            status, headers = error.status, error.headers
-            body = error_body(error.status, error.message, error.param)
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
-
-    def usage(self, job: GenerationJob) -> dict:
-        completion = sum(choice.num_output_tokens for choice in job.choices)
-        return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": job.prompt_tokens + completion}
-
-    def _usage_chunk(self, job: GenerationJob) -> dict:
-        return {"id": job.response_id, "object": self.object_name, "created": job.created,
-                "model": self.ctx.model_name, "choices": [], "usage": self.usage(job)}
-
-    def chunk_for(self, job: GenerationJob, item: dict) -> dict:
-        """A stream chunk carrying one choice's item (with "usage": null when usage comes at the end)."""
-        chunk = {"id": job.response_id, "object": self.object_name, "created": job.created,
-                 "model": self.ctx.model_name, "choices": [item]}
-        if job.include_usage:
-            chunk["usage"] = None
-        return chunk
-
-    def body_for(self, job: GenerationJob, object_name: str, choices: list[dict]) -> dict:
-        """A whole (non-streaming) response."""
-        return {"id": job.response_id, "object": object_name, "created": job.created,
-                "model": self.ctx.model_name, "choices": choices, "usage": self.usage(job)}
-
-    # ------------------------------------------------------------------ endpoint-specific shapes
-    def _prelude(self, job: GenerationJob) -> list[bytes]:
-        """SSE chunks sent before any token (chat: the assistant role of each choice)."""
-        return []
-
-    def _chunk(self, job: GenerationJob, choice: Choice, text: str, delta: RequestDelta | None) -> dict:
-        """A stream chunk for one choice's step; delta None builds the template of a plain text chunk."""
-        raise NotImplementedError
-
-    def _response_body(self, job: GenerationJob) -> dict:
-        raise NotImplementedError
-
-    def _parsed_chunks(self, job: GenerationJob, choice: Choice, text: str, delta: RequestDelta) -> list[bytes]:
-        """SSE chunks of one step when the output is parsed (chat with tools or reasoning)."""
-        raise NotImplementedError
-
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -357,16 +207,3 @@ async def _read_body(request: Request, limit: int) -> bytes:
     except ClientDisconnect:
         raise ApiError(400, "the client disconnected while sending the request") from None
     return b"".join(chunks)
-
-
-async def _prepend(first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
-    yield first
-    async for event in events:
-        yield event
-
-
-def _with_param(error: ApiError, job: GenerationJob) -> ApiError:
-    """An engine-side failure of a structured request (its grammar) names the constraint's field."""
-    if error.status == 400 and error.param is None and job.structured is not None:
-        error.param = job.structured
-    return error

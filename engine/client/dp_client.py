@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from engine.client.base import EngineClientBase
 from engine.client.engine_client import EngineClient
 from engine.client.router import Router, load_score
 from engine.config import EngineConfig
@@ -45,7 +46,7 @@ def device_env(config: EngineConfig, rank: int) -> dict[str, str] | None:
     return {"CUDA_VISIBLE_DEVICES": ",".join(devices[rank * tp:(rank + 1) * tp])}
 
 
-class DPEngineClient:
+class DPEngineClient(EngineClientBase):
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.finalize()
         n = self.config.data_parallel_size
@@ -61,14 +62,10 @@ class DPEngineClient:
         self.max_model_len = first.max_model_len
         self.router: Router | None = None
         self._where: dict[str, int] = {}          # request id -> rank, while it runs
-        self._started = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> DPEngineClient:
+    def _start(self) -> None:
         """Start every rank at once (each blocks on its own handshake); if one fails, stop them all."""
-        if self._started:
-            return self
-        self._started = True
         errors: list[BaseException | None] = [None] * len(self.clients)
 
         def start(rank: int) -> None:
@@ -91,16 +88,6 @@ class DPEngineClient:
         capacity = sum(c.num_blocks for c in self.clients)
         self.router = Router(len(self.clients), self.block_size, self.config.data_parallel_routing,
                              capacity_blocks=capacity)
-        return self
-
-    def __enter__(self) -> DPEngineClient:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown_sync()
-
-    async def shutdown(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.shutdown_sync)
 
     def shutdown_sync(self, timeout: float = 10.0) -> None:
         for client in self.clients:

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from engine.client.base import EngineClientBase
 from engine.client.output_processor import RequestCollector, RequestState, deltas_from_outputs
 from engine.client.pooling_requests import PoolingRequests
 from engine.client.tokenizer import eos_token_ids
@@ -58,7 +59,7 @@ READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this 
 logger = logging.getLogger("ringserve.engine")
 
 
-class EngineClient(PoolingRequests):
+class EngineClient(PoolingRequests, EngineClientBase):
     def __init__(self, config: EngineConfig, env: dict[str, str] | None = None) -> None:
         self.config = config.finalize()
         self._env = env                  # added to the scheduler's environment (a DP rank's devices)
@@ -89,10 +90,7 @@ class EngineClient(PoolingRequests):
         self._started = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> EngineClient:
-        if self._started:
-            return self
-        self._started = True
+    def _start(self) -> None:
         if self.config.in_process:
             from engine.core.engine_core import EngineCore  # in-process mode only (debugging, unit tests)
             from engine.executor.group import LocalExecutor
@@ -104,7 +102,6 @@ class EngineClient(PoolingRequests):
         else:
             self._start_processes()
         atexit.register(self.shutdown_sync)
-        return self
 
     def _start_processes(self) -> None:
         sweep_stale()
@@ -150,15 +147,6 @@ class EngineClient(PoolingRequests):
         how = describe_exit(self._proc, "the scheduler")
         if how is not None:
             raise PeerDiedError(how)
-
-    def __enter__(self) -> EngineClient:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown_sync()
-
-    async def shutdown(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.shutdown_sync)
 
     def shutdown_sync(self, timeout: float = 10.0) -> None:
         if self._closed or not self._started:

@@ -85,7 +85,7 @@ class ChatSession:
             body["max_tokens"] = self.max_tokens
         parts: list[str] = []
         try:
-            with _quiet_terminal():
+            with _at_terminal(_quiet_terminal):
                 _stream_reply(self.http, body, parts)
         except KeyboardInterrupt:
             click.echo(" [stopped]")
@@ -118,7 +118,7 @@ def chat(model: str | None, url: str, api_key: str | None, system_prompt: str | 
             raise click.ClickException(f"cannot reach the server at {url}: {e}") from None
         click.echo(f"Chatting with {model} at {url}. /help lists the commands; Ctrl-C stops a reply, Ctrl-D quits.")
         session = ChatSession(http, model, system_prompt, temperature, max_tokens)
-        with _line_history():
+        with _at_terminal(_line_history):
             while True:
                 try:
                     line = input("> ").strip()
@@ -135,12 +135,15 @@ def chat(model: str | None, url: str, api_key: str | None, system_prompt: str | 
                     session.ask(line)
 
 
+def _at_terminal(manager):
+    """`manager()` when the input is a terminal; nothing otherwise (piped input has no line editing and no
+    terminal modes)."""
+    return manager() if sys.stdin.isatty() else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def _line_history():
-    """readline's editing and history at a terminal (imported only there: it may write escape codes)."""
-    if not sys.stdin.isatty():
-        yield
-        return
+    """readline's editing and history (imported only at a terminal: it may write escape codes)."""
     import readline
 
     path = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ringserve",
@@ -159,9 +162,6 @@ def _line_history():
 @contextlib.contextmanager
 def _quiet_terminal():
     """No echo while a reply streams; what was typed meanwhile is discarded at its end."""
-    if not sys.stdin.isatty():
-        yield
-        return
     import termios
 
     fd = sys.stdin.fileno()

@@ -9,9 +9,17 @@ import click
 from engine.config import ConfigError
 from engine.structured_spec import XGRAMMAR_MISSING, xgrammar_installed
 from frontend import version
-from frontend.chat_template import load_chat_template_source
+from frontend.chat.template import load_chat_template_source
 from frontend.cli.options import JSON_OBJECT, engine_config, engine_options, model_argument, model_or_default
 from frontend.config import LOG_LEVELS, REASONING_FIELDS, REASONING_PARSERS, TOOL_CALL_PARSERS, ServerConfig
+
+
+# the flags that set the ServerConfig field of their own name
+SERVER_FIELDS = ("host", "port", "allowed_origins", "allowed_hosts", "body_read_timeout", "max_concurrent_requests",
+                 "chat_template", "shutdown_timeout", "enable_access_log", "log_level", "profile_dir",
+                 "responses_store_max_entries", "responses_store_ttl", "enable_auto_tool_choice",
+                 "tool_call_parser", "exclude_tools_when_tool_choice_none", "reasoning_parser", "reasoning_field",
+                 "default_chat_template_kwargs")
 
 
 def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
@@ -97,20 +105,8 @@ def _server_config(model: str, options: dict) -> ServerConfig:
     # Clients name the model as the user typed it (as with vLLM), not as the absolute path finalize() makes.
     engine = engine_config(model, options, served_model_name=options["served_model_name"] or model or None,
                            log_level=options["log_level"])
-    config = ServerConfig(
-        host=options["host"], port=options["port"], api_key=list(options["api_key"]) or None,
-        allowed_origins=options["allowed_origins"], allowed_hosts=options["allowed_hosts"],
-        body_read_timeout=options["body_read_timeout"],
-        max_concurrent_requests=options["max_concurrent_requests"], chat_template=options["chat_template"],
-        shutdown_timeout=options["shutdown_timeout"], enable_access_log=options["enable_access_log"],
-        log_level=options["log_level"], profile_dir=options["profile_dir"],
-        responses_store_max_entries=options["responses_store_max_entries"],
-        responses_store_ttl=options["responses_store_ttl"],
-        enable_auto_tool_choice=options["enable_auto_tool_choice"], tool_call_parser=options["tool_call_parser"],
-        exclude_tools_when_tool_choice_none=options["exclude_tools_when_tool_choice_none"],
-        reasoning_parser=options["reasoning_parser"], reasoning_field=options["reasoning_field"],
-        default_chat_template_kwargs=options["default_chat_template_kwargs"], engine=engine,
-    )
+    config = ServerConfig(**{name: options[name] for name in SERVER_FIELDS},
+                          api_key=list(options["api_key"]) or None, engine=engine)
     try:
         config.validate()
         engine.finalize()
