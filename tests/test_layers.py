@@ -56,7 +56,7 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("engine/core", "engine.core", ("engine.core", "engine.executor.group", "shm", *CONTRACTS),
      ("engine.client.tokenizer",)),                                     # the grammar compile worker only
     ("engine/client", "engine.client", ("engine.client", "shm", *CONTRACTS),
-     ("engine.core.engine_core", "engine.executor.group")),             # in-process mode only
+     ("engine.core.inproc",)),                                          # in-process mode only
     ("engine/llm.py", "engine.llm", ("engine.client", *CONTRACTS), ()),
     ("engine façade (lazy names only)", "engine.__init__", (), ()),
     ("engine root contracts", "engine", ("shm", *CONTRACTS, *MODEL_ARGS), ()),
@@ -151,7 +151,7 @@ def test_a_planted_reverse_import_is_caught():
 
 
 def test_lazy_exemptions_stay_lazy():
-    source = "from engine.core.engine_core import EngineCore\n"
+    source = "from engine.core.inproc import InProcessEngine\n"
     assert violations("engine.client.engine_client", source)
     assert not violations("engine.client.engine_client", "def start():\n    " + source)
 
