@@ -155,7 +155,7 @@ class _Handlers:
 
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
-        self._openapi = orjson.dumps(openapi_document(version(), ctx.model_name))
+        self._openapi = orjson.dumps(openapi_document(version(), ctx.model_name, ctx.config.web_ui))
 
     async def health(self, request: Request) -> Response:
         engine = self.ctx.engine

@@ -23,7 +23,7 @@ from frontend.http_responses import json_response
 from frontend.ollama.keep_alive import ModelResidency, parse_keep_alive
 from frontend.ollama.models import OLLAMA_API_VERSION, ModelCard
 from frontend.ollama.options import Options, output_budget, read_options
-from frontend.ollama.protocol import ChatRequest, CopyRequest, GenerateRequest, ModelRequest, SampledRequest, ShowRequest
+from frontend.ollama.protocol import OllamaChatRequest, OllamaCopyRequest, OllamaGenerateRequest, OllamaModelRequest, OllamaSampledRequest, OllamaShowRequest
 from frontend.ollama.translate import FIELD_NAMES, chat_request, generate_request, sampling_request
 from frontend.ollama.wire import OllamaWire, created_at
 from frontend.serving_engine import OpenAIServing, ServingContext
@@ -50,7 +50,7 @@ class OllamaServing(OpenAIServing):
     # ------------------------------------------------------------------ generation
     async def chat_route(self, request: Request) -> Response:
         arrival = time.monotonic()
-        req = await self.read(request, ChatRequest)
+        req = await self.read(request, OllamaChatRequest)
         options, unloaded = self._admit(req)
         if not req.messages:
             return self._load_answer(req, chat=True, unloaded=unloaded)
@@ -62,7 +62,7 @@ class OllamaServing(OpenAIServing):
 
     async def generate_route(self, request: Request) -> Response:
         arrival = time.monotonic()
-        req = await self.read(request, GenerateRequest)
+        req = await self.read(request, OllamaGenerateRequest)
         options, unloaded = self._admit(req)
         for name in ("suffix", "template"):
             if getattr(req, name):
@@ -87,7 +87,7 @@ class OllamaServing(OpenAIServing):
         wire = OllamaWire(run, req.model, chat=False, context=None if req.raw else list(prompt))
         return run.respond(wire, req.stream)
 
-    def _admit(self, req: SampledRequest) -> tuple[Options, bool]:
+    def _admit(self, req: OllamaSampledRequest) -> tuple[Options, bool]:
         """Checks every generation request passes first; the options, and whether keep_alive unloaded."""
         self.check_engine()
         options = read_options(req.options)
@@ -100,7 +100,7 @@ class OllamaServing(OpenAIServing):
             raise invalid(f"'{self.card.name}' is an embedding model: use /api/embed", "model")
         return options, self.residency.keep_alive(req.model, parse_keep_alive(req.keep_alive))
 
-    async def _raw(self, req: GenerateRequest, options: Options) -> tuple[list[int], SamplingParams, str | None]:
+    async def _raw(self, req: OllamaGenerateRequest, options: Options) -> tuple[list[int], SamplingParams, str | None]:
         """A raw generate: the prompt's own tokens, no template; sampling and format as in chat."""
         chat = sampling_request(req, options)
         try:
@@ -118,7 +118,7 @@ class OllamaServing(OpenAIServing):
         budget = output_budget(options, prompt_len, self.ctx.max_model_len, params.max_tokens, prompt_param)
         return msgspec.structs.replace(params, max_tokens=budget)
 
-    def _load_answer(self, req: SampledRequest, *, chat: bool, unloaded: bool) -> Response:
+    def _load_answer(self, req: OllamaSampledRequest, *, chat: bool, unloaded: bool) -> Response:
         text = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
         return json_response({"model": req.model, "created_at": created_at(), **text, "done": True,
                               "done_reason": "unload" if unloaded else "load"})
@@ -134,28 +134,28 @@ class OllamaServing(OpenAIServing):
         return json_response({"version": OLLAMA_API_VERSION})
 
     async def show(self, request: Request) -> Response:
-        req = await self.read(request, ShowRequest)
+        req = await self.read(request, OllamaShowRequest)
         self.check_model(req.model if req.model is not None else req.name or "")
         return json_response(self.card.shown())
 
     # ------------------------------------------------------------------ what this server does not do
     async def pull(self, request: Request) -> Response:
-        await self.read(request, ModelRequest)
+        await self.read(request, OllamaModelRequest)
         raise ApiError(400, NO_DOWNLOADS.format(what="download"))
 
     async def push(self, request: Request) -> Response:
-        await self.read(request, ModelRequest)
+        await self.read(request, OllamaModelRequest)
         raise ApiError(400, NO_DOWNLOADS.format(what="upload"))
 
     async def create(self, request: Request) -> Response:
-        await self.read(request, ModelRequest)
+        await self.read(request, OllamaModelRequest)
         raise ApiError(400, NO_DOWNLOADS.format(what="create"))
 
     async def copy(self, request: Request) -> Response:
-        await self.read(request, CopyRequest)
+        await self.read(request, OllamaCopyRequest)
         raise ApiError(400, NO_DOWNLOADS.format(what="copy"))
 
     async def delete(self, request: Request) -> Response:
-        await self.read(request, ModelRequest)
+        await self.read(request, OllamaModelRequest)
         raise ApiError(400, "ringserve does not delete models: stop the server to stop serving "
                             f"'{self.card.name}'; its files stay where they are")

@@ -27,28 +27,28 @@ Think = bool | Annotated[str, Meta(max_length=16)] | None
 Images = Annotated[list[str], Meta(max_length=MAX_IMAGES)] | None
 
 
-class ToolCallFunction(msgspec.Struct, kw_only=True):
+class OllamaToolCallFunction(msgspec.Struct, kw_only=True):
     name: Annotated[str, Meta(min_length=1, max_length=256)]
     arguments: dict[str, Any] = {}
     index: int | None = None
 
 
-class ToolCall(msgspec.Struct, kw_only=True):
-    function: ToolCallFunction
+class OllamaToolCall(msgspec.Struct, kw_only=True):
+    function: OllamaToolCallFunction
     id: ShortStr | None = None
 
 
-class Message(msgspec.Struct, kw_only=True):
+class OllamaMessage(msgspec.Struct, kw_only=True):
     role: Annotated[str, Meta(min_length=1, max_length=64)]
     content: str = ""
     thinking: str | None = None
     images: Images = None                     # refused: the models read text only
-    tool_calls: Annotated[list[ToolCall], Meta(max_length=1024)] | None = None
+    tool_calls: Annotated[list[OllamaToolCall], Meta(max_length=1024)] | None = None
     tool_name: ShortStr | None = None         # a tool message: the tool that answered
     tool_call_id: ShortStr | None = None
 
 
-class SampledRequest(msgspec.Struct, kw_only=True):
+class OllamaSampledRequest(msgspec.Struct, kw_only=True):
     """What /api/chat and /api/generate share."""
 
     model: ModelName
@@ -61,12 +61,12 @@ class SampledRequest(msgspec.Struct, kw_only=True):
     top_logprobs: int | None = None
 
 
-class ChatRequest(SampledRequest, kw_only=True):
-    messages: Annotated[list[Message], Meta(max_length=MAX_MESSAGES)] = []
+class OllamaChatRequest(OllamaSampledRequest, kw_only=True):
+    messages: Annotated[list[OllamaMessage], Meta(max_length=MAX_MESSAGES)] = []
     tools: Annotated[list[dict[str, Any]], Meta(max_length=1024)] | None = None
 
 
-class GenerateRequest(SampledRequest, kw_only=True):
+class OllamaGenerateRequest(OllamaSampledRequest, kw_only=True):
     prompt: str = ""
     system: str | None = None
     suffix: str | None = None                 # refused: fill-in-the-middle is not served
@@ -76,13 +76,13 @@ class GenerateRequest(SampledRequest, kw_only=True):
     images: Images = None
 
 
-class ShowRequest(msgspec.Struct, kw_only=True):
+class OllamaShowRequest(msgspec.Struct, kw_only=True):
     model: ModelName | None = None
     name: ModelName | None = None             # the older clients' field
     verbose: bool = False
 
 
-class ModelRequest(msgspec.Struct, kw_only=True):
+class OllamaModelRequest(msgspec.Struct, kw_only=True):
     """/api/pull, /api/push, /api/delete, /api/create: answered with an error (see handlers), whatever the
     model (so its field is not `model`, which the handler base would check against the served one)."""
 
@@ -91,6 +91,6 @@ class ModelRequest(msgspec.Struct, kw_only=True):
     stream: bool = True
 
 
-class CopyRequest(msgspec.Struct, kw_only=True):
+class OllamaCopyRequest(msgspec.Struct, kw_only=True):
     source: ModelName
     destination: ModelName

@@ -17,18 +17,18 @@ from frontend.chat.protocol import ChatCompletionRequest, ChatMessage, JsonSchem
 from frontend.errors import invalid
 from frontend.ollama.options import FIELD_NAMES as OPTION_NAMES
 from frontend.ollama.options import Options, sampling_fields
-from frontend.ollama.protocol import ChatRequest, GenerateRequest, Message, SampledRequest
+from frontend.ollama.protocol import OllamaChatRequest, OllamaGenerateRequest, OllamaMessage, OllamaSampledRequest
 
 THINK_LEVELS = ("low", "medium", "high")
 FIELD_NAMES = {**OPTION_NAMES, "response_format.json_schema.schema": "format", "response_format": "format"}
 
 
-def chat_request(req: ChatRequest, options: Options) -> ChatCompletionRequest:
+def chat_request(req: OllamaChatRequest, options: Options) -> ChatCompletionRequest:
     messages = [_chat_message(message, i) for i, message in enumerate(req.messages)]
     return _request(req, options, messages, tools=req.tools or None, tool_choice="auto" if req.tools else None)
 
 
-def generate_request(req: GenerateRequest, options: Options) -> ChatCompletionRequest:
+def generate_request(req: OllamaGenerateRequest, options: Options) -> ChatCompletionRequest:
     """A non-raw generate: the prompt as a user turn under the model's chat template."""
     _no_images(req.images, "images")
     messages = [ChatMessage(role="system", content=req.system)] if req.system else []
@@ -36,12 +36,12 @@ def generate_request(req: GenerateRequest, options: Options) -> ChatCompletionRe
     return _request(req, options, messages)
 
 
-def sampling_request(req: SampledRequest, options: Options) -> ChatCompletionRequest:
+def sampling_request(req: OllamaSampledRequest, options: Options) -> ChatCompletionRequest:
     """A raw generate's sampling and format, in a chat request that has no use for its one message."""
     return _request(req, options, [ChatMessage(role="user", content="")])
 
 
-def _request(req: SampledRequest, options: Options, messages: list[ChatMessage], **tools) -> ChatCompletionRequest:
+def _request(req: OllamaSampledRequest, options: Options, messages: list[ChatMessage], **tools) -> ChatCompletionRequest:
     kwargs, include_reasoning = _think(req.think)
     return ChatCompletionRequest(messages=messages, stream=req.stream, response_format=_format(req.format),
                                  chat_template_kwargs=kwargs, include_reasoning=include_reasoning, **tools,
@@ -69,7 +69,7 @@ def _format(fmt: str | dict | None) -> ResponseFormat | None:
     return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="format", schema=fmt))
 
 
-def _chat_message(message: Message, index: int) -> ChatMessage:
+def _chat_message(message: OllamaMessage, index: int) -> ChatMessage:
     _no_images(message.images, f"messages[{index}].images")
     tool_calls = None
     if message.tool_calls:
