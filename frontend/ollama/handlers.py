@@ -23,7 +23,14 @@ from frontend.http_responses import json_response
 from frontend.ollama.keep_alive import ModelResidency, parse_keep_alive
 from frontend.ollama.models import OLLAMA_API_VERSION, ModelCard
 from frontend.ollama.options import Options, output_budget, read_options
-from frontend.ollama.protocol import OllamaChatRequest, OllamaCopyRequest, OllamaGenerateRequest, OllamaModelRequest, OllamaSampledRequest, OllamaShowRequest
+from frontend.ollama.protocol import (
+    OllamaChatRequest,
+    OllamaCopyRequest,
+    OllamaGenerateRequest,
+    OllamaModelRequest,
+    OllamaSampledRequest,
+    OllamaShowRequest,
+)
 from frontend.ollama.translate import FIELD_NAMES, chat_request, generate_request, sampling_request
 from frontend.ollama.wire import OllamaWire, created_at
 from frontend.serving_engine import OpenAIServing, ServingContext
