@@ -97,11 +97,11 @@ def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
         Route("/api/show", ollama.show, methods=["POST"]),
         Route("/api/ps", ollama.ps, methods=["GET"]),
         Route("/api/version", ollama.version, methods=["GET"]),
-        Route("/api/pull", ollama.pull, methods=["POST"]),
-        Route("/api/push", ollama.push, methods=["POST"]),
-        Route("/api/create", ollama.create, methods=["POST"]),
-        Route("/api/copy", ollama.copy, methods=["POST"]),
-        Route("/api/delete", ollama.delete, methods=["DELETE"]),
+        Route("/api/pull", ollama.refuse, methods=["POST"]),
+        Route("/api/push", ollama.refuse, methods=["POST"]),
+        Route("/api/create", ollama.refuse, methods=["POST"]),
+        Route("/api/copy", ollama.refuse, methods=["POST"]),
+        Route("/api/delete", ollama.refuse, methods=["DELETE"]),
         *page.routes(),
     ]
     middleware = []

@@ -20,7 +20,7 @@ import time
 
 import click
 
-from tools.bench_frontend import cpu_seconds, dechunk, start_server
+from tools.bench_frontend import cpu_seconds, fake_server, post
 
 BLOCK = 25          # requests of one route in a row (the frontend's CPU time is read around each block)
 
@@ -28,16 +28,8 @@ BLOCK = 25          # requests of one route in a row (the frontend's CPU time is
 async def one_request(host: str, port: int, route: bytes, payload: bytes) -> tuple[float, bytes]:
     """(seconds from connecting to the last byte, the response body)."""
     start = time.perf_counter()
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
-                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
-                 % (route, host.encode(), port, len(payload), payload))
-    chunks = []
-    while data := await reader.read(1 << 16):
-        chunks.append(data)
-    seconds = time.perf_counter() - start
-    writer.close()
-    return seconds, dechunk(b"".join(chunks))
+    body = await post(host, port, route, payload)
+    return time.perf_counter() - start, body
 
 
 def tokens_of(route: bytes, body: bytes, stream: bool) -> int:
@@ -91,14 +83,10 @@ async def compare(pid: int, host: str, port: int, model: str, requests: int, tok
 @click.option("--json", "as_json", is_flag=True)
 def cli(requests: int, tokens: int, as_json: bool) -> None:
     """Per-request latency of /api/chat against /v1/chat/completions (fake model, one request at a time)."""
-    proc, host, port, model = start_server([])
-    try:
+    with fake_server([]) as (proc, host, port, model):
         asyncio.run(compare(proc.pid, host, port, model, 2 * BLOCK, tokens, True))        # warm-up
         rows = [asyncio.run(compare(proc.pid, host, port, model, requests, tokens, stream))
                 for stream in (True, False)]
-    finally:
-        proc.terminate()
-        proc.wait(30)
     if as_json:
         click.echo(json.dumps(rows))
         return

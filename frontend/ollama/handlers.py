@@ -146,23 +146,18 @@ class OllamaServing(OpenAIServing):
         return json_response(self.card.shown())
 
     # ------------------------------------------------------------------ what this server does not do
-    async def pull(self, request: Request) -> Response:
-        await self.read(request, OllamaModelRequest)
-        raise ApiError(400, NO_DOWNLOADS.format(what="download"))
+    async def refuse(self, request: Request) -> Response:
+        """/api/pull, push, create, copy, delete: the body is read and checked, then a 400 that says why."""
+        kind, message = REFUSALS[request.url.path]
+        await self.read(request, kind)
+        raise ApiError(400, message.format(name=self.card.name))
 
-    async def push(self, request: Request) -> Response:
-        await self.read(request, OllamaModelRequest)
-        raise ApiError(400, NO_DOWNLOADS.format(what="upload"))
 
-    async def create(self, request: Request) -> Response:
-        await self.read(request, OllamaModelRequest)
-        raise ApiError(400, NO_DOWNLOADS.format(what="create"))
-
-    async def copy(self, request: Request) -> Response:
-        await self.read(request, OllamaCopyRequest)
-        raise ApiError(400, NO_DOWNLOADS.format(what="copy"))
-
-    async def delete(self, request: Request) -> Response:
-        await self.read(request, OllamaModelRequest)
-        raise ApiError(400, "ringserve does not delete models: stop the server to stop serving "
-                            f"'{self.card.name}'; its files stay where they are")
+REFUSALS = {
+    "/api/pull": (OllamaModelRequest, NO_DOWNLOADS.format(what="download")),
+    "/api/push": (OllamaModelRequest, NO_DOWNLOADS.format(what="upload")),
+    "/api/create": (OllamaModelRequest, NO_DOWNLOADS.format(what="create")),
+    "/api/copy": (OllamaCopyRequest, NO_DOWNLOADS.format(what="copy")),
+    "/api/delete": (OllamaModelRequest, "ringserve does not delete models: stop the server to stop serving "
+                                        "'{name}'; its files stay where they are"),
+}
