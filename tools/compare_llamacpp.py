@@ -33,10 +33,11 @@ TARGETS = ((0, "median_tpot_ms", "<=", 1.0), (1, "output_throughput", ">=", 1.5)
 
 
 def start_llama_server(peer: str, gguf: str, port: int, threads: int, slots: int, context: int,
-                       ) -> subprocess.Popen:
+                       extra: tuple[str, ...] = ("--alias", "model")) -> subprocess.Popen:
+    """llama-server on `gguf`; `extra`: more flags (an embedding server: --embedding --pooling mean ...)."""
     binary = os.path.join(peer, "bin", "llama-server")
     args = [binary, "-m", gguf, "-t", str(threads), "-np", str(slots), "-c", str(context), "--port", str(port),
-            "--host", "127.0.0.1", "--alias", "model"]
+            "--host", "127.0.0.1", *extra]
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(peer, "bin"))
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
