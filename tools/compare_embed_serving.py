@@ -31,7 +31,7 @@ import httpx
 import numpy as np
 
 from tools.compare_llamacpp import DEFAULT_PEER, start_llama_server
-from tools.compare_vllm import emit_report, free_port, wait_healthy
+from tools.compare_vllm import emit_report, free_port, stop_server, wait_healthy
 
 TARGET = 1.0            # the issue's: ringserve's requests/s >= llama.cpp's (float32 against F32)
 CHECK_SENTENCES = 16    # sentences whose vectors are compared across the servers
@@ -105,12 +105,7 @@ def serve_turn(start, port: int, name: str, tokenizer: str, sentences: list[str]
         check = vectors(port, name, sentences)
         figures = bench(port, name, tokenizer, num_prompts, concurrency)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
     return {**figures, "vectors": check, "load": (load_before, os.getloadavg()[0])}
 
 

@@ -24,7 +24,15 @@ import sys
 
 import click
 
-from tools.compare_vllm import SCENARIOS, emit_report, free_port, run_scenarios, start_ringserve, wait_healthy
+from tools.compare_vllm import (
+    SCENARIOS,
+    emit_report,
+    free_port,
+    run_scenarios,
+    start_ringserve,
+    stop_server,
+    wait_healthy,
+)
 
 DEFAULT_PEER = "/tmp/peer-llama-cpp"
 SERVE_FIGURES = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms")
@@ -50,12 +58,7 @@ def serve_figures(start, port: int, tokenizer: str, scenarios: tuple) -> dict:
         wait_healthy(proc, port)
         results = run_scenarios(port, tokenizer, scenarios)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
     return {"scenarios": results, "load": (load_before, os.getloadavg()[0])}
 
 
