@@ -98,6 +98,11 @@ def test_inputs_over_max_model_len_are_refused_unless_truncated(pooled, http):
     assert sorted(got) == sorted([list(b"abcdefgh"), list(b"xyz"), list(range(1, 9))])   # the tokenizer's side
     whole = http.post("/v1/embeddings", json={"input": long_text, "truncate_prompt_tokens": -1})
     assert whole.json()["usage"]["prompt_tokens"] == TINY_MAX_MODEL_LEN
+    huge = "x" * 100 * TINY_MAX_MODEL_LEN              # certain to exceed: refused before it is tokenized
+    error = assert_error(http.post("/v1/embeddings", json={"input": huge}), 400, "input")
+    assert "characters" in error["message"] and "max_model_len" in error["message"]
+    cut = http.post("/v1/embeddings", json={"input": huge, "truncate_prompt_tokens": 4})
+    assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 4
     assert_error(http.post("/v1/embeddings", json={"input": "x", "truncate_prompt_tokens": TINY_MAX_MODEL_LEN + 1}),
                  400, "truncate_prompt_tokens")
     assert_error(http.post("/v1/embeddings", json={"input": "x", "truncate_prompt_tokens": 0}),
