@@ -22,6 +22,7 @@ import asyncio
 import glob
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -59,8 +60,10 @@ def convert(model_dir: str, name: str, peer_dir: str, work_dir: str, outtype: st
     if not scripts:
         raise click.UsageError(f"no convert_hf_to_gguf.py under {peer_dir}/src (../shared/peers/llama-cpp.sh)")
     os.makedirs(work_dir, exist_ok=True)
-    subprocess.run([sys.executable, scripts[0], model_dir, "--outtype", outtype, "--outfile", out], check=True,
-                   stdout=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, scripts[0], model_dir, "--outtype", outtype, "--outfile", out],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise click.ClickException(f"{scripts[0]} failed:\n{done.stderr[-2000:]}")
     return out
 
 
@@ -123,9 +126,9 @@ def format_report(report: dict) -> str:
         text = format(s["median"], fmt)
         return text if rounds == 1 else f"{text} [{format(s['min'], fmt)}-{format(s['max'], fmt)}]"
 
-    lines.append(f"{'engine':34}{'requests/s':>22}{'median E2EL ms':>24}{'p99 E2EL ms':>24}{'cosine':>9}")
+    lines.append(f"{'engine':44}{'requests/s':>22}{'median E2EL ms':>24}{'p99 E2EL ms':>24}{'cosine':>9}")
     for name, figures in engines.items():
-        lines.append(f"{name:34}{cell(figures['request_throughput'], '.1f'):>22}"
+        lines.append(f"{name:44}{cell(figures['request_throughput'], '.1f'):>22}"
                      f"{cell(figures['median_e2el_ms'], '.1f'):>24}{cell(figures['p99_e2el_ms'], '.1f'):>24}"
                      f"{figures['min_cosine']:>9.5f}")
     ours = engines[report["ours"]]["request_throughput"]["median"]
@@ -151,6 +154,9 @@ def format_report(report: dict) -> str:
 @click.option("--peer-dir", default=DEFAULT_PEER, show_default=True, help="llama.cpp's build (bin/, src/)")
 @click.option("--work-dir", default="/tmp/ringserve-embed-peer", show_default=True, help="where converted files go")
 @click.option("--pooling", default="mean", show_default=True, help="llama-server's --pooling (the model's own)")
+@click.option("--peer-variant", "variants", multiple=True, default=("",),
+              help="more llama-server flags and NAME=VALUE environment for its rows, e.g. '--poll 0' or "
+                   "'OMP_WAIT_POLICY=PASSIVE' (repeat for several variants; '': none)")
 @click.option("--threads", default=min(os.cpu_count() or 1, 2), show_default=True,
               help="llama.cpp's -t and ringserve's --cpu-threads")
 @click.option("--concurrency", default=16, show_default=True, help="clients at once (llama-server gets as many slots)")
@@ -159,7 +165,8 @@ def format_report(report: dict) -> str:
               help="ringserve's --dtype (repeat for several rows; the first is compared with the first GGUF)")
 @click.option("--rounds", default=1, show_default=True, help="alternate the engines this many times")
 @click.option("--out", default=None, help="write the whole report as JSON here")
-def cli(model, ggufs, no_f16, peer_dir, work_dir, pooling, threads, concurrency, num_prompts, dtypes, rounds, out):
+def cli(model, ggufs, no_f16, peer_dir, work_dir, pooling, variants, threads, concurrency, num_prompts, dtypes, rounds,
+        out):
     """Embedding requests/s, ringserve beside llama-server --embedding on the same weights, one run."""
     from engine.config import EngineConfig
     from engine.client.tokenizer import load_tokenizer
@@ -174,17 +181,19 @@ def cli(model, ggufs, no_f16, peer_dir, work_dir, pooling, threads, concurrency,
     max_len = config.max_model_len
     sentences = make_sentences(load_tokenizer(config), CHECK_SENTENCES, seed=1)
     starts = {f"ringserve {dtype}": (lambda port, d=dtype: start_ringserve(model, port, threads, d)) for dtype in dtypes}
-    for path in ggufs:
-        label = f"llama.cpp {os.path.basename(path)}"
-        starts[label] = lambda port, p=path: start_llama_server(
+    for path, variant in ((p, v) for v in variants for p in ggufs):
+        label = f"llama.cpp {os.path.basename(path)}" + (f" {variant}" if variant else "")
+        flags, env = _variant(variant)
+        starts[label] = lambda port, p=path, f=flags, e=env: start_llama_server(
             peer_dir, p, port, threads, concurrency, concurrency * max_len,
-            extra=("--embedding", "--pooling", pooling, "--alias", name))
+            extra=("--embedding", "--pooling", pooling, "--alias", name, *f), env=e)
     runs: dict[str, list[dict]] = {label: [] for label in starts}
     for r in range(rounds):
         for label, start in starts.items():
             click.echo(f"round {r + 1}: {label}", err=True)
             runs[label].append(serve_turn(start, free_port(), name, model_dir, sentences, num_prompts, concurrency))
-    ours, peer = f"ringserve {dtypes[0]}", f"llama.cpp {os.path.basename(ggufs[0])}"
+    ours = f"ringserve {dtypes[0]}"
+    peer = f"llama.cpp {os.path.basename(ggufs[0])}" + (f" {variants[0]}" if variants[0] else "")
     reference = runs[ours][0]["vectors"]
     report = {"model": f"{name} ({model_dir})", "ggufs": list(ggufs), "threads": threads, "concurrency": concurrency,
               "num_prompts": num_prompts, "rounds": rounds, "machine": machine(), "ours": ours, "peer": peer,
@@ -194,6 +203,13 @@ def cli(model, ggufs, no_f16, peer_dir, work_dir, pooling, threads, concurrency,
                           for label, turns in runs.items()},
               "load": {label: [run["load"] for run in turns] for label, turns in runs.items()}}
     emit_report(report, format_report(report), out)
+
+
+def _variant(text: str) -> tuple[list[str], dict[str, str]]:
+    """'--poll 0 OMP_WAIT_POLICY=PASSIVE' -> the flags and the environment it gives llama-server."""
+    words = shlex.split(text)
+    env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
+    return [w for w in words if "=" not in w or w.startswith("-")], env
 
 
 def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:

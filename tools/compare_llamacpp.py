@@ -41,12 +41,13 @@ TARGETS = ((0, "median_tpot_ms", "<=", 1.0), (1, "output_throughput", ">=", 1.5)
 
 
 def start_llama_server(peer: str, gguf: str, port: int, threads: int, slots: int, context: int,
-                       extra: tuple[str, ...] = ("--alias", "model")) -> subprocess.Popen:
-    """llama-server on `gguf`; `extra`: more flags (an embedding server: --embedding --pooling mean ...)."""
+                       extra: tuple[str, ...] = ("--alias", "model"), env: dict | None = None) -> subprocess.Popen:
+    """llama-server on `gguf`; `extra`: more flags (an embedding server: --embedding --pooling mean ...);
+    `env`: more environment (OMP_WAIT_POLICY=PASSIVE, say: the build runs its threads on OpenMP)."""
     binary = os.path.join(peer, "bin", "llama-server")
     args = [binary, "-m", gguf, "-t", str(threads), "-np", str(slots), "-c", str(context), "--port", str(port),
             "--host", "127.0.0.1", *extra]
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(peer, "bin"))
+    env = dict(os.environ, **(env or {}), LD_LIBRARY_PATH=os.path.join(peer, "bin"))
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tools.compare_embed_serving import FIGURES, _summary, format_report
+from tools.compare_embed_serving import FIGURES, _summary, _variant, format_report
 
 
 def _engine(rates: list[float], cosine: float = 1.0) -> dict:
@@ -23,3 +23,8 @@ def test_the_report_compares_the_medians_with_the_target():
     assert "ringserve float32 / llama.cpp m-f16.gguf: 0.50x" in text
     assert "target: ringserve float32 >= 1x llama.cpp m-f32.gguf: MISSED (0.90x)" in text
     assert set(FIGURES) <= set(report["engines"]["ringserve float32"])
+
+
+def test_a_peer_variant_splits_into_flags_and_environment():
+    assert _variant("--poll 0 OMP_WAIT_POLICY=PASSIVE") == (["--poll", "0"], {"OMP_WAIT_POLICY": "PASSIVE"})
+    assert _variant("--pooling=cls") == (["--pooling=cls"], {}) and _variant("") == ([], {})
