@@ -67,11 +67,12 @@ def convert(model_dir: str, name: str, peer_dir: str, work_dir: str, outtype: st
     return out
 
 
-def start_ringserve(model: str, port: int, threads: int, dtype: str) -> subprocess.Popen:
+def start_ringserve(model: str, port: int, threads: int, dtype: str, flags: tuple[str, ...] = (),
+                    env: dict | None = None) -> subprocess.Popen:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     args = [sys.executable, "-m", "frontend.cli", "serve", model, "--port", str(port), "--host", "127.0.0.1",
-            "--cpu-threads", str(threads), "--dtype", dtype, "--log-level", "warning"]
-    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            "--cpu-threads", str(threads), "--dtype", dtype, "--log-level", "warning", *flags]
+    env = dict(os.environ, **(env or {}), PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
@@ -154,6 +155,8 @@ def format_report(report: dict) -> str:
 @click.option("--peer-dir", default=DEFAULT_PEER, show_default=True, help="llama.cpp's build (bin/, src/)")
 @click.option("--work-dir", default="/tmp/ringserve-embed-peer", show_default=True, help="where converted files go")
 @click.option("--pooling", default="mean", show_default=True, help="llama-server's --pooling (the model's own)")
+@click.option("--variant", "our_variants", multiple=True, default=("",),
+              help="more `ringserve serve` flags and NAME=VALUE environment for its rows (as --peer-variant)")
 @click.option("--peer-variant", "variants", multiple=True, default=("",),
               help="more llama-server flags and NAME=VALUE environment for its rows, e.g. '--poll 0' or "
                    "'OMP_WAIT_POLICY=PASSIVE' (repeat for several variants; '': none)")
@@ -165,8 +168,8 @@ def format_report(report: dict) -> str:
               help="ringserve's --dtype (repeat for several rows; the first is compared with the first GGUF)")
 @click.option("--rounds", default=1, show_default=True, help="alternate the engines this many times")
 @click.option("--out", default=None, help="write the whole report as JSON here")
-def cli(model, ggufs, no_f16, peer_dir, work_dir, pooling, variants, threads, concurrency, num_prompts, dtypes, rounds,
-        out):
+def cli(model, ggufs, no_f16, peer_dir, work_dir, pooling, our_variants, variants, threads, concurrency, num_prompts,
+        dtypes, rounds, out):
     """Embedding requests/s, ringserve beside llama-server --embedding on the same weights, one run."""
     from engine.config import EngineConfig
     from engine.client.tokenizer import load_tokenizer
@@ -180,7 +183,11 @@ def cli(model, ggufs, no_f16, peer_dir, work_dir, pooling, variants, threads, co
         ggufs = tuple(convert(model_dir, name, peer_dir, work_dir, t) for t in (("f32",) if no_f16 else ("f32", "f16")))
     max_len = config.max_model_len
     sentences = make_sentences(load_tokenizer(config), CHECK_SENTENCES, seed=1)
-    starts = {f"ringserve {dtype}": (lambda port, d=dtype: start_ringserve(model, port, threads, d)) for dtype in dtypes}
+    starts = {}
+    for dtype, variant in ((d, v) for v in our_variants for d in dtypes):
+        flags, env = _variant(variant)
+        starts[f"ringserve {dtype}" + (f" {variant}" if variant else "")] = \
+            lambda port, d=dtype, f=flags, e=env: start_ringserve(model, port, threads, d, tuple(f), e)
     for path, variant in ((p, v) for v in variants for p in ggufs):
         label = f"llama.cpp {os.path.basename(path)}" + (f" {variant}" if variant else "")
         flags, env = _variant(variant)
@@ -192,7 +199,7 @@ def cli(model, ggufs, no_f16, peer_dir, work_dir, pooling, variants, threads, co
         for label, start in starts.items():
             click.echo(f"round {r + 1}: {label}", err=True)
             runs[label].append(serve_turn(start, free_port(), name, model_dir, sentences, num_prompts, concurrency))
-    ours = f"ringserve {dtypes[0]}"
+    ours = f"ringserve {dtypes[0]}" + (f" {our_variants[0]}" if our_variants[0] else "")
     peer = f"llama.cpp {os.path.basename(ggufs[0])}" + (f" {variants[0]}" if variants[0] else "")
     reference = runs[ours][0]["vectors"]
     report = {"model": f"{name} ({model_dir})", "ggufs": list(ggufs), "threads": threads, "concurrency": concurrency,
