@@ -31,14 +31,14 @@ from starlette.requests import Request
 from starlette.types import Send
 
 from engine.client.detokenizer import backend_tokenizer
-from engine.client.pooling import resolve_pooling_params, too_long_message
+from engine.client.pooling import PoolingInput, resolve_pooling_params, too_long_message
 from engine.client.scoring import embed
 from engine.sampling_params import PoolingParams
 from frontend.errors import ApiError, error_body_for, from_engine_error, invalid
 from frontend.http_responses import JSON_HEADERS, DisconnectAwareResponse
+from frontend.serving_engine import OpenAIServing
 
 logger = logging.getLogger("ringserve.serving")
-PoolingInput = str | list[int]
 _INPUT_KINDS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 _BODY = "http.response.body"
 
@@ -86,7 +86,7 @@ class EmbeddingService:
     """Held by a handler (an OpenAIServing: its ctx, engine, tokenizer and request reading) as ChatPreparation
     is; each API writes the vectors in its own shape."""
 
-    def __init__(self, serving):
+    def __init__(self, serving: OpenAIServing):
         self.serving = serving
         self.ctx = serving.ctx
 
