@@ -46,3 +46,13 @@ def request_error(message: str) -> ValueError:
 class UnsupportedTaskError(ValueError):
     """The request's kind is not what the model serves: generation from a pooling (embedding) model, or an
     embedding from a generative one. The message says which kind the model is."""
+
+    @classmethod
+    def check(cls, model_name: str, runner: str, pooling: bool) -> None:
+        """Raise unless a model served with `runner` takes a request of this kind (pooling or generation)."""
+        if pooling and runner != "pooling":
+            raise cls(f"{model_name} is a generative model (runner 'generate'): it does not compute embeddings "
+                      "or scores; serve an embedding model, or this one with --runner pooling")
+        if not pooling and runner == "pooling":
+            raise cls(f"{model_name} is a pooling model (runner 'pooling': embeddings and scores): it does not "
+                      "generate text; use /v1/embeddings, /v1/score or /v1/rerank")

@@ -1,5 +1,6 @@
 """create_app: the starlette application over an engine client: each API package's handlers on their routes
-(openai/, anthropic/, responses/, ollama/), the chat page (web/), the small routes, the middleware.
+(openai/ with the pooling routes, anthropic/, responses/, ollama/), the chat page (web/), the small routes,
+the middleware.
 
 Building the app starts nothing; the busy-log task runs in the app's lifespan, i.e. while a server runs it.
 """
@@ -36,8 +37,10 @@ from frontend.middleware import ServerMiddleware
 from frontend.ollama.handlers import OllamaServing
 from frontend.openai.chat import OpenAIServingChat
 from frontend.openai.completions import OpenAIServingCompletion
+from frontend.openai.embeddings import OpenAIServingEmbedding
 from frontend.openai.logprobs import TokenStrings
 from frontend.openai.models import OpenAIServingModels
+from frontend.openai.score import OpenAIServingScores
 from frontend.openai.tokenize import OpenAIServingTokenization
 from frontend.openapi import openapi_document
 from frontend.responses.handlers import OpenAIServingResponses
@@ -73,6 +76,8 @@ def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
     models = OpenAIServingModels(ctx)
     ollama = OllamaServing(ctx)
     page = WebPage(config.web_ui)
+    embeddings = OpenAIServingEmbedding(ctx)
+    scores = OpenAIServingScores(ctx)
     handlers = _Handlers(ctx)
     routes = [
         Route("/v1/completions", completions.create_completion, methods=["POST"]),
@@ -83,6 +88,11 @@ def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
         Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/v1/embeddings", embeddings.create_embedding, methods=["POST"]),
+        Route("/v1/score", scores.create_score, methods=["POST"]),
+        Route("/score", scores.create_score, methods=["POST"]),
+        Route("/v1/rerank", scores.create_rerank, methods=["POST"]),
+        Route("/rerank", scores.create_rerank, methods=["POST"]),
         Route("/health", handlers.health, methods=["GET"]),
         Route("/metrics", handlers.metrics, methods=["GET"]),
         Route("/version", handlers.version, methods=["GET"]),

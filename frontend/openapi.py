@@ -22,7 +22,14 @@ from frontend.ollama.protocol import (
     OllamaModelRequest,
     OllamaShowRequest,
 )
-from frontend.openai.protocol import CompletionRequest, DetokenizeRequest, TokenizeRequest
+from frontend.openai.protocol import (
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    RerankRequest,
+    ScoreRequest,
+    TokenizeRequest,
+)
 from frontend.responses.protocol import ResponsesRequest
 
 REF = "#/components/schemas/{name}"
@@ -65,6 +72,18 @@ RESPONSE_SCHEMAS = {
                           "type": {"enum": ["message", "reasoning", "function_call"]}, "id": STR})},
                       "usage": _nullable(_obj({"input_tokens": INT, "output_tokens": INT, "total_tokens": INT}))}),
     "ResponseDeleted": _obj({"id": STR, "object": STR, "deleted": BOOL}),
+    "EmbeddingList": _obj({"object": {"const": "list"}, "model": STR,
+                           "data": {"type": "array", "items": _obj({
+                               "index": INT, "object": {"const": "embedding"},
+                               "embedding": {"anyOf": [{"type": "array", "items": NUM}, STR]}})},
+                           "usage": _obj({"prompt_tokens": INT, "total_tokens": INT})}),
+    "ScoreList": _obj({"object": {"const": "list"}, "model": STR,
+                       "data": {"type": "array", "items": _obj({"index": INT, "object": {"const": "score"},
+                                                                "score": NUM})},
+                       "usage": _obj({"prompt_tokens": INT, "total_tokens": INT})}),
+    "RerankResults": _obj({"model": STR, "results": {"type": "array", "items": _obj(
+                               {"index": INT, "relevance_score": NUM}, document=_obj({"text": STR}))},
+                           "usage": _obj({"total_tokens": INT})}),
     "ModelList": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _obj({"id": STR})}}),
     "Tokenized": _obj({"count": INT, "max_model_len": INT, "tokens": {"type": "array", "items": INT}}),
     "Detokenized": _obj({"prompt": STR}),
@@ -115,6 +134,13 @@ OPERATIONS = [
     Operation("GET", "/v1/responses/{response_id}", "A stored response", None, "ResponseObject"),
     Operation("DELETE", "/v1/responses/{response_id}", "Delete a stored response", None, "ResponseDeleted"),
     Operation("GET", "/v1/models", "The served model", None, "ModelList"),
+    Operation("POST", "/v1/embeddings", "Embeddings (OpenAI; a pooling model)", EmbeddingRequest, "EmbeddingList"),
+    Operation("POST", "/v1/score", "Scores of text pairs (vLLM; a pooling model)", ScoreRequest, "ScoreList"),
+    Operation("POST", "/score", "Scores of text pairs (vLLM; a pooling model)", ScoreRequest, "ScoreList"),
+    Operation("POST", "/v1/rerank", "Documents by relevance to a query (vLLM, Jina, Cohere; a pooling model)",
+              RerankRequest, "RerankResults"),
+    Operation("POST", "/rerank", "Documents by relevance to a query (vLLM, Jina, Cohere; a pooling model)",
+              RerankRequest, "RerankResults"),
     Operation("GET", "/health", "200 while the engine runs, 503 when it is dead"),
     Operation("GET", "/metrics", "Prometheus metrics", media_type="text/plain"),
     Operation("GET", "/version", "The server's version", None, "Version"),

@@ -40,7 +40,7 @@ class PromptPreparation:
         if limit is not None and length > limit:
             raise invalid(f"the prompt has {length} characters, and no token of this model's tokenizer covers "
                           f"more than {self.ctx.chars_per_token}, so it has more tokens than this model's maximum "
-                          f"context length of {self.ctx.max_model_len}", param)
+                          f"context length of {self.ctx.max_model_len} (max_model_len)", param)
 
     async def tokenize_prompts(self, texts: list[str], add_special_tokens: bool,
                                param: str = "prompt") -> list[list[int]]:

@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from engine.client.base import AsyncEngine
 from engine.client.detokenizer import Detokenizer, backend_tokenizer
+from engine.errors import UnsupportedTaskError
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from frontend.chat.protocol import MAX_CHOICES, SamplingRequest
 from frontend.chat.template import ChatTemplate
@@ -94,7 +95,13 @@ class OpenAIServing(PromptPreparation):
             raise ApiError(404, f"The model `{model}` does not exist; this server serves "
                                 f"`{self.ctx.model_name}`.", "model")
 
-    def check_engine(self) -> None:
+    def check_engine(self, pooling: bool = False) -> None:
+        """Before a request's work: 400 when the model is of the other kind (generation asked of a pooling model,
+        or embeddings of a generative one; the message says which kind it is), 503 when the engine is dead."""
+        try:
+            UnsupportedTaskError.check(self.ctx.model_name, self.engine.config.runner, pooling)
+        except UnsupportedTaskError as e:
+            raise invalid(str(e), "model") from None
         if self.engine.is_dead:
             raise ApiError(503, f"the engine is not running: {self.engine.dead_error}")
 

@@ -4,7 +4,8 @@ The frontend notes each step as it begins (resolving the model, the sampling def
 the engine, loading the tokenizer); the engine's processes add theirs (building the CPU kernels on first
 use, loading the weights, sizing the KV cache, profiling and warming up on a GPU) on the same stderr in the
 same format. The ready line then gives what a user checks first: the model, its dtype and quantization,
-context length, KV-cache size in tokens, threads and the URL (and the web page's, once the app has one).
+context length, KV-cache size in tokens, threads and the URL (and the web page's, once the app has one); for an
+embedding model its pooling, dimensions and longest input instead of a context, and where embeddings are served.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def model_summary(config: EngineConfig) -> str:
         weights = f"{config.resolved_dtype} (from a {stored} GGUF)" if stored else config.resolved_dtype
     if config.load_format in ("dummy", "fake"):
         weights += f", {config.load_format} weights"
+    if config.runner == "pooling":
+        pooler = config.pooler_config
+        normalized = ", normalized" if pooler.normalize else ""
+        return (f"{weights}, an embedding model ({pooler.pooling_type.lower()} pooling{normalized}, "
+                f"{config.hidden_size} dimensions), inputs up to {config.max_model_len} tokens")
     return f"{weights}, context {config.max_model_len} tokens"
 
 
@@ -45,10 +51,12 @@ def ready_line(engine_client, url: str, web_page_path: str | None = None) -> str
     parts = [model_summary(config)]
     if getattr(engine_client, "weight_bytes", None):
         parts.append(f"weights {describe_bytes(engine_client.weight_bytes)}")
-    if config.load_format != "fake":
+    if config.load_format != "fake" and not config.is_encoder:     # an encoder keeps no KV cache
         parts.append(f"KV cache {tokens} tokens ({_size(tokens * config.kv_bytes_per_token())})")
     parts.append(f"{config.executor_threads} CPU threads per executor" if config.resolved_device == "cpu"
                  else f"{config.tensor_parallel_size * config.data_parallel_size} GPU(s)")
+    if config.runner == "pooling":
+        parts.append(f"embeddings at {url}/v1/embeddings (and /v1/score, /v1/rerank)")
     if web_page_path is not None:
         parts.append(f"chat in a browser at {url}{web_page_path}")
     return f"serving {config.model_name} on {url} | " + " | ".join(parts)

@@ -1,4 +1,5 @@
-"""One streamed request against an OpenAI-compatible server, timed on the client side.
+"""One streamed request against an OpenAI-compatible server, timed on the client side (or, for
+/v1/embeddings, one whole request: its latency is the time to the whole body).
 
 The per-chunk loop only splits SSE lines, parses each event with orjson and stamps the arrival time of
 every token chunk; TTFT, ITL and token counts are derived after the run (bench_metrics), so the client
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
-ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}
 ERROR_BODY_CHARS = 300
 
 
@@ -35,6 +36,7 @@ class RequestRecord:
     success: bool = False
     error: str = ""
     queue_time: float = 0.0  # spent waiting for a --max-concurrency slot
+    generates: bool = True  # False for an embedding: no output tokens to count
 
     @property
     def ttft(self) -> float:
@@ -51,6 +53,8 @@ def build_payload(endpoint: str, model: str, prompt: str, max_tokens: int, ignor
     """The JSON body of a streamed request with usage in the last chunk (plus `extra` fields, e.g. a
     structured-outputs constraint)."""
     body: dict = {"model": model}
+    if endpoint == "embeddings":       # one input, vectors as JSON floats (what every embedding server writes)
+        return orjson.dumps({**body, "input": prompt, "encoding_format": "float", **(extra or {})})
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -68,13 +72,15 @@ async def send_request(
     url: str,
     payload: bytes,
     prompt_len: int,
-    chat: bool,
+    endpoint: str,
     timeout_s: float,
 ) -> RequestRecord:
-    """POST one streamed request and record it; never raises for a failed request."""
+    """POST one request (streamed, but for embeddings) and record it; never raises for a failed request."""
     record = RequestRecord(prompt_len=prompt_len)
+    work = (_embed(client, url, payload, record) if endpoint == "embeddings"
+            else _stream(client, url, payload, endpoint == "chat", record))
     try:
-        await asyncio.wait_for(_stream(client, url, payload, chat, record), timeout_s)
+        await asyncio.wait_for(work, timeout_s)
     except asyncio.TimeoutError:
         record.success, record.error = False, f"timed out after {timeout_s:g} s"
     except Exception as e:  # a benchmark records every client-side failure instead of stopping the run
@@ -139,6 +145,27 @@ async def _stream(
         record.error = "the stream carried no token chunk"
     else:
         record.success = True
+
+
+async def _embed(client: httpx.AsyncClient, url: str, payload: bytes, record: RequestRecord) -> None:
+    """One embeddings request: its one "token" time is when the whole body arrived (E2EL = TTFT)."""
+    record.generates = False
+    record.start_time = time.perf_counter()
+    response = await client.post(url, content=payload)
+    body = response.content
+    done = time.perf_counter()
+    if response.status_code != 200:
+        record.error = f"HTTP {response.status_code}: {body[:ERROR_BODY_CHARS].decode('utf-8', 'replace')}"
+        return
+    data = orjson.loads(body)
+    if not data.get("data") or not data["data"][0].get("embedding"):
+        record.error = "the response carried no embedding"
+        return
+    record.token_times.append(done)
+    usage = data.get("usage") or {}
+    if usage.get("prompt_tokens") is not None:
+        record.prompt_len = usage["prompt_tokens"]
+    record.success = True
 
 
 def _error_message(error) -> str:

@@ -1,4 +1,5 @@
-"""Synthetic prompts for `ringserve bench serve`: the `random`, `prefix` and `prefix_repetition` datasets.
+"""Synthetic prompts for `ringserve bench serve`: the `random`, `prefix`, `prefix_repetition` and `sentences`
+datasets.
 
 A prompt is built from random token ids decoded to text. Decoding then re-encoding random ids rarely gives
 the same number of tokens back (byte-level BPE merges and splits across the seams), so the text is
@@ -15,17 +16,23 @@ The `prefix_repetition` dataset (vLLM's name) is the scale-out workload: `num_pr
 of `prefix_len` tokens, each shared by num_requests / num_prefixes prompts with their own random suffix,
 in shuffled order. It is what prefix-aware routing across replicas or data-parallel engines is for: a
 request hits the cache only on an engine that already ran its prefix.
+
+The `sentences` dataset is for embedding servers: one short sentence per request, deterministic words of the
+tokenizer's whole-word vocabulary (about 14 words, as STS-style sentences), the ones `ringserve bench embed`
+embeds offline.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 import numpy as np
 
-DATASETS = ("random", "prefix", "prefix_repetition")
+DATASETS = ("random", "prefix", "prefix_repetition", "sentences")
 MAX_FIT_ROUNDS = 10
+WORDS_MEAN, WORDS_SD = 14, 6        # words per sentence
 
 
 @dataclass(slots=True)
@@ -165,3 +172,24 @@ def fit_prompt(
 
 def _random_ids(rng: np.random.Generator, allowed: np.ndarray, n: int) -> list[int]:
     return allowed[rng.integers(0, len(allowed), size=n)].tolist()
+
+
+def make_sentences(tokenizer, count: int, seed: int = 0) -> list[str]:
+    """`count` sentences of random whole words of the tokenizer's vocabulary (3 or more words each)."""
+    words = sorted(w for w in tokenizer.get_vocab() if w.isalpha() and w.isascii() and len(w) > 2)
+    rng = random.Random(seed)
+    sentences = []
+    for _ in range(count):
+        n = max(3, int(rng.gauss(WORDS_MEAN, WORDS_SD)))
+        sentence = " ".join(rng.choice(words) for _ in range(n))
+        sentences.append(sentence[0].upper() + sentence[1:] + ".")
+    return sentences
+
+
+def sample_sentences(tokenizer, num_requests: int, seed: int = 0) -> list[SampleRequest]:
+    """One sentence per request (make_sentences), its length as a server counts it (with special tokens)."""
+    if num_requests < 1:
+        raise ValueError(f"num_prompts must be at least 1, got {num_requests}")
+    sentences = make_sentences(tokenizer, num_requests, seed)
+    lengths = [len(ids) for ids in tokenizer(sentences)["input_ids"]]
+    return [SampleRequest(prompt=s, prompt_len=n, expected_output_len=0) for s, n in zip(sentences, lengths)]

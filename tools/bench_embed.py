@@ -15,26 +15,13 @@ check that they computed the same thing.
 from __future__ import annotations
 
 import json
-import random
 import statistics
 import time
 
 import click
 import numpy as np
 
-WORDS_MEAN, WORDS_SD = 14, 6
-
-
-def make_sentences(tokenizer, count: int, seed: int = 0) -> list[str]:
-    """`count` sentences of random whole words of the tokenizer's vocabulary (3 or more words each)."""
-    words = sorted(w for w in tokenizer.get_vocab() if w.isalpha() and w.isascii() and len(w) > 2)
-    rng = random.Random(seed)
-    sentences = []
-    for _ in range(count):
-        n = max(3, int(rng.gauss(WORDS_MEAN, WORDS_SD)))
-        sentence = " ".join(rng.choice(words) for _ in range(n))
-        sentences.append(sentence[0].upper() + sentence[1:] + ".")
-    return sentences
+from tools.bench_datasets import make_sentences
 
 
 def time_ringserve(llm, sentences: list[str]) -> tuple[float, np.ndarray]:

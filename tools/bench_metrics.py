@@ -128,7 +128,7 @@ def count_output_tokens(records: list[RequestRecord], tokenizer) -> list[int]:
 
     Without a tokenizer an unreported count falls back to the number of token chunks."""
     counts = [r.output_tokens if r.success else 0 for r in records]
-    missing = [i for i, r in enumerate(records) if r.success and not r.output_tokens]
+    missing = [i for i, r in enumerate(records) if r.success and r.generates and not r.output_tokens]
     if missing and tokenizer is not None:
         encoded = tokenizer([records[i].generated_text for i in missing], add_special_tokens=False).input_ids
         for i, ids in zip(missing, encoded, strict=True):
@@ -237,14 +237,17 @@ def format_result(result: BenchResult) -> str:
         row("Maximum request concurrency:", info["max_concurrency"])
     if info.get("request_rate", "inf") != "inf":
         row("Request rate configured (RPS):", info["request_rate"], ".2f")
+    generates = info.get("backend") != "openai-embeddings"     # an embedding run has no output tokens
     row("Benchmark duration (s):", result.duration, ".2f")
     row("Total input tokens:", result.total_input_tokens)
-    row("Total generated tokens:", result.total_output_tokens)
+    if generates:
+        row("Total generated tokens:", result.total_output_tokens)
     row("Request throughput (req/s):", result.request_throughput, ".2f")
     if result.request_goodput is not None:
         row("Request goodput (req/s):", result.request_goodput, ".2f")
-    row("Output token throughput (tok/s):", result.output_throughput, ".2f")
-    row("Peak output token throughput (tok/s):", result.max_output_tokens_per_s, ".2f")
+    if generates:
+        row("Output token throughput (tok/s):", result.output_throughput, ".2f")
+        row("Peak output token throughput (tok/s):", result.max_output_tokens_per_s, ".2f")
     row("Peak concurrent requests:", result.max_concurrent_requests, ".2f")
     row("Total token throughput (tok/s):", result.total_token_throughput, ".2f")
     if result.server_prefix_cache_hit_rate is not None:

@@ -1,6 +1,7 @@
 """`ringserve bench serve`: a load generator against any OpenAI-compatible server.
 
-It sends synthetic prompts (tools.bench_datasets) as streamed completions or chat requests, at Poisson
+It sends synthetic prompts (tools.bench_datasets) as streamed completions or chat requests, or single
+sentences to /v1/embeddings (`--endpoint embeddings` or `/v1/embeddings`: request throughput and E2EL), at Poisson
 (or gamma, --burstiness) arrivals or all at once, under an optional concurrency cap, and reports what
 `vllm bench serve` reports with the same definitions (tools.bench_metrics), so that figures taken against
 ringserve and against vLLM compare directly.
@@ -28,12 +29,20 @@ from tqdm import tqdm
 
 from frontend.cli.options import model_argument
 from tools.bench_client import ENDPOINT_PATHS, RequestRecord, build_payload, send_request
-from tools.bench_datasets import DATASETS, SampleRequest, sample_prefix_repetition, sample_requests
+from tools.bench_datasets import (
+    DATASETS,
+    SampleRequest,
+    sample_prefix_repetition,
+    sample_requests,
+    sample_sentences,
+)
 from tools.bench_metrics import METRICS, BenchResult, calculate_metrics, format_result, parse_goodput
 
 __all__ = ["BenchSettings", "BenchResult", "run_benchmark", "format_result", "arrival_offsets", "cli"]
 
 READY_RETRY_S = 1.0
+ENDPOINT_NAMES = {path: name for name, path in ENDPOINT_PATHS.items()}
+BACKENDS = {"completions": "openai", "chat": "openai-chat", "embeddings": "openai-embeddings"}   # vLLM's names
 # The default constraint of structured requests: any JSON object (xgrammar's builtin JSON grammar, vLLM's
 # json_object). From random or real weights it keeps constraining every step, mostly inside strings.
 STRUCTURED_OUTPUT = {"structured_outputs": {"json_object": True}}
@@ -48,9 +57,10 @@ class BenchSettings:
     base_url: str = "http://127.0.0.1:8000"
     model: str | None = None  # None: the first model the server lists at /v1/models
     served_model_name: str | None = None  # the name sent in requests, when it differs from model
-    endpoint: str = "completions"  # completions | chat
+    endpoint: str = "completions"  # completions | chat | embeddings (or the route: /v1/embeddings, ...)
     tokenizer: str | None = None  # local directory; default: model, when it is a directory
-    dataset: str = "random"  # random | prefix
+    dataset: str | None = None  # random | prefix | prefix_repetition | sentences; None: sentences for
+    # embeddings, random otherwise
     num_prompts: int = 1000
     random_input_len: int = 1024
     random_output_len: int = 128
@@ -63,7 +73,7 @@ class BenchSettings:
     ignore_eos: bool = True  # vLLM forces it for synthetic data, so lengths hold
     seed: int = 0
     metric_percentiles: list[float] = field(default_factory=lambda: [99.0])
-    percentile_metrics: list[str] = field(default_factory=lambda: list(METRICS))
+    percentile_metrics: list[str] | None = None  # None: every metric; E2EL alone for embeddings
     goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms: ttft, tpot, e2el
     num_warmups: int = 0
     disable_tqdm: bool = False
@@ -76,6 +86,12 @@ class BenchSettings:
     structured_output: dict = field(default_factory=lambda: dict(STRUCTURED_OUTPUT))
 
     def __post_init__(self) -> None:
+        self.endpoint = ENDPOINT_NAMES.get(self.endpoint, self.endpoint)
+        embeddings = self.endpoint == "embeddings"
+        if self.dataset is None:
+            self.dataset = "sentences" if embeddings else "random"
+        if self.percentile_metrics is None:
+            self.percentile_metrics = ["e2el"] if embeddings else list(METRICS)
         if self.endpoint not in ENDPOINT_PATHS:
             raise ValueError(f"endpoint must be one of {', '.join(ENDPOINT_PATHS)}, got {self.endpoint!r}")
         if self.dataset not in DATASETS:
@@ -150,6 +166,8 @@ async def run_benchmark(
                 settings.random_output_len,
                 settings.seed,
             )
+        elif requests is None and settings.dataset == "sentences":
+            requests = sample_sentences(tokenizer, settings.num_prompts, settings.seed)
         elif requests is None:
             requests = sample_requests(
                 tokenizer,
@@ -163,7 +181,6 @@ async def run_benchmark(
         if not requests:
             raise BenchError("no requests to send")
         url = base_url + ENDPOINT_PATHS[settings.endpoint]
-        chat = settings.endpoint == "chat"
         sent_model = settings.served_model_name or model
         structured = structured_mask(len(requests), settings.structured_output_ratio)
         payloads = [
@@ -174,7 +191,7 @@ async def run_benchmark(
 
         async def send(i: int) -> RequestRecord:
             return await send_request(
-                client, url, payloads[i], requests[i].prompt_len, chat, settings.request_timeout_s
+                client, url, payloads[i], requests[i].prompt_len, settings.endpoint, settings.request_timeout_s
             )
 
         await _first_request(send, url, settings.ready_check_timeout_s)
@@ -203,8 +220,8 @@ async def run_benchmark(
             result.server_prefix_cache_hit_rate = (counters_after[0] - counters_before[0]) / queries
     result.run_info = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "endpoint_type": "openai-chat" if chat else "openai",
-        "backend": "openai-chat" if chat else "openai",
+        "endpoint_type": BACKENDS[settings.endpoint],
+        "backend": BACKENDS[settings.endpoint],
         "model_id": model,
         "tokenizer_id": getattr(tokenizer, "name_or_path", None),
         "num_prompts": len(requests),
@@ -334,13 +351,15 @@ def _local_model(path: str) -> bool:
 def _tokenizer_source(model: str) -> str | None:
     """Where `model`'s tokenizer is on this machine: a local directory or GGUF file as named, or the file of a
     built-in name (a server shows the bundled model by its name, not its path); None when it is elsewhere."""
-    from engine.config import DEMO_NAME
-    from engine.models.bundled import SMOLLM2_NAME, find_smollm2
+    from engine.config import DEMO_NAME, EngineConfig
+    from engine.models.bundled import MINILM_NAME, SMOLLM2_NAME, find_minilm, find_smollm2
 
     if _local_model(model):
         return model
     if model == SMOLLM2_NAME:
         return find_smollm2()
+    if model == MINILM_NAME and find_minilm():
+        return EngineConfig(model=MINILM_NAME).finalize().model        # the directory its zip unpacks to
     if model == DEMO_NAME:
         from engine.models.demo import ensure_demo_model
 
@@ -373,11 +392,13 @@ def _floats(text: str) -> list[float]:
 @click.option("--base-url", default="http://127.0.0.1:8000", show_default=True, help="The server's base URL.")
 @model_argument(default=None, help="Model name sent in requests (default: the server's first model).")
 @click.option("--served-model-name", default=None, help="Name sent in requests when --model is a path.")
-@click.option("--endpoint", type=click.Choice(list(ENDPOINT_PATHS)), default="completions", show_default=True)
+@click.option("--endpoint", type=click.Choice([*ENDPOINT_PATHS, *ENDPOINT_NAMES]), default="completions",
+              show_default=True, help="What to send: streamed completions or chat, or embeddings of single sentences.")
 @click.option(
     "--tokenizer", default=None, help="Local tokenizer directory (default: --model if a directory)."
 )
-@click.option("--dataset-name", "dataset", type=click.Choice(DATASETS), default="random", show_default=True)
+@click.option("--dataset-name", "dataset", type=click.Choice(DATASETS), default=None,
+              help="Default: sentences for embeddings, random otherwise.")
 @click.option("--num-prompts", default=1000, show_default=True, type=int)
 @click.option("--random-input-len", "--input-len", default=1024, show_default=True, type=int)
 @click.option("--random-output-len", "--output-len", default=128, show_default=True, type=int)
@@ -411,7 +432,7 @@ def _floats(text: str) -> list[float]:
 )
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--metric-percentiles", "--percentiles", default="99", show_default=True, help="E.g. 50,90,99.")
-@click.option("--percentile-metrics", default=",".join(METRICS), show_default=True)
+@click.option("--percentile-metrics", default=None, help=f"Default: {','.join(METRICS)} (e2el for embeddings).")
 @click.option(
     "--goodput", multiple=True, help="SLOs as NAME:MS (ttft, tpot, e2el); repeat or space-separate."
 )
@@ -448,7 +469,8 @@ def cli(
             options["structured_output"] = orjson.loads(structured_output_json)
         settings = BenchSettings(
             metric_percentiles=_floats(metric_percentiles),
-            percentile_metrics=[m.strip() for m in percentile_metrics.split(",") if m.strip()],
+            percentile_metrics=[m.strip() for m in percentile_metrics.split(",") if m.strip()]
+            if percentile_metrics else None,
             goodput=parse_goodput(goodput),
             structured_output_ratio=ratios[0],
             **options,

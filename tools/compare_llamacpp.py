@@ -24,7 +24,15 @@ import sys
 
 import click
 
-from tools.compare_vllm import SCENARIOS, emit_report, free_port, run_scenarios, start_ringserve, wait_healthy
+from tools.compare_vllm import (
+    SCENARIOS,
+    emit_report,
+    free_port,
+    run_scenarios,
+    start_ringserve,
+    stop_server,
+    wait_healthy,
+)
 
 DEFAULT_PEER = "/tmp/peer-llama-cpp"
 SERVE_FIGURES = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms")
@@ -33,11 +41,13 @@ TARGETS = ((0, "median_tpot_ms", "<=", 1.0), (1, "output_throughput", ">=", 1.5)
 
 
 def start_llama_server(peer: str, gguf: str, port: int, threads: int, slots: int, context: int,
-                       ) -> subprocess.Popen:
+                       extra: tuple[str, ...] = ("--alias", "model"), env: dict | None = None) -> subprocess.Popen:
+    """llama-server on `gguf`; `extra`: more flags (an embedding server: --embedding --pooling mean ...);
+    `env`: more environment (OMP_WAIT_POLICY=PASSIVE, say: the build runs its threads on OpenMP)."""
     binary = os.path.join(peer, "bin", "llama-server")
     args = [binary, "-m", gguf, "-t", str(threads), "-np", str(slots), "-c", str(context), "--port", str(port),
-            "--host", "127.0.0.1", "--alias", "model"]
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(peer, "bin"))
+            "--host", "127.0.0.1", *extra]
+    env = dict(os.environ, **(env or {}), LD_LIBRARY_PATH=os.path.join(peer, "bin"))
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
@@ -49,12 +59,7 @@ def serve_figures(start, port: int, tokenizer: str, scenarios: tuple) -> dict:
         wait_healthy(proc, port)
         results = run_scenarios(port, tokenizer, scenarios)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
     return {"scenarios": results, "load": (load_before, os.getloadavg()[0])}
 
 

@@ -152,12 +152,17 @@ def serve_with(name: str, start, port: int, tokenizer: str) -> dict[str, dict]:
         click.echo(f"{name}: serving, running {len(SCENARIOS)} scenarios", err=True)
         return run_scenarios(port, tokenizer)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """SIGTERM, then SIGKILL if the server has not exited after `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def emit_report(report: dict, text: str, out: str | None) -> None:

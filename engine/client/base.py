@@ -14,8 +14,8 @@ from typing import Protocol, runtime_checkable
 
 from engine.config import EngineConfig
 from engine.messages import SchedulerStats
-from engine.outputs import EngineDeadError, RequestDelta
-from engine.sampling_params import SamplingParams
+from engine.outputs import EngineDeadError, PoolingRequestOutput, RequestDelta
+from engine.sampling_params import PoolingParams, SamplingParams
 
 
 @runtime_checkable
@@ -44,6 +44,12 @@ class AsyncEngine(Protocol):
                  cache_salt: str | None = None, arrival_time: float | None = None,
                  data_parallel_rank: int | None = None) -> AsyncIterator[RequestDelta]:
         """The request's deltas until it finishes; closing the iterator early aborts the request."""
+        ...
+
+    def encode(self, request_id: str, prompt_token_ids, pooling_params: PoolingParams | None = None, *,
+               priority: int = 0, arrival_time: float | None = None,
+               data_parallel_rank: int | None = None) -> AsyncIterator[PoolingRequestOutput]:
+        """A pooling model's vector for one prompt, as one output; closing the iterator early aborts the request."""
         ...
 
     async def call(self, method: str, **args) -> str:

@@ -153,13 +153,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
     # ------------------------------------------------------------------ requests
     def check_task(self, pooling: bool) -> None:
         """UnsupportedTaskError unless the model serves this kind of request (the message says its kind)."""
-        name = self.config.model_name
-        if pooling and self.config.runner != "pooling":
-            raise UnsupportedTaskError(f"{name} is a generative model (runner 'generate'): it does not compute "
-                                       "embeddings; serve an embedding model, or this one with --runner pooling")
-        if not pooling and self.config.runner == "pooling":
-            raise UnsupportedTaskError(f"{name} is a pooling model (runner 'pooling': embeddings and scores): "
-                                       "it does not generate text")
+        UnsupportedTaskError.check(self.config.model_name, self.config.runner, pooling)
 
     def _prompt_array(self, request_id: str, prompt_token_ids) -> np.ndarray:
         if request_id in self._by_id:

@@ -45,6 +45,12 @@ def _is_token_ids(items) -> bool:
     return len(items) > 0 and all(isinstance(t, int) and not isinstance(t, bool) for t in items)
 
 
+def too_long_message(num_tokens: int, max_model_len: int) -> str:
+    """What refuses an input longer than the model takes (the offline API and the server say the same)."""
+    return (f"the input has {num_tokens} tokens, more than this model's maximum input length, max_model_len "
+            f"({max_model_len}); pass truncate_prompt_tokens (-1: that maximum) to truncate it")
+
+
 def truncation_length(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:
     """The length inputs are cut to (None: not cut; an input over max_model_len is then an error)."""
     if truncate_prompt_tokens is None:

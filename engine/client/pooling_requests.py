@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 from engine.client.output_processor import RequestCollector
-from engine.client.pooling import pooling_output, resolve_pooling_params
+from engine.client.pooling import pooling_output, resolve_pooling_params, too_long_message
 from engine.messages import AddRequest, pack
 from engine.outputs import PoolingRequestOutput
 from engine.sampling_params import PoolingParams, SamplingParams
@@ -26,9 +26,7 @@ class PoolingRequests:
         self.check_task(pooling=True)
         prompt = self._prompt_array(request_id, prompt_token_ids)
         if len(prompt) > self.max_model_len:
-            raise ValueError(f"the input has {len(prompt)} tokens, more than this model's maximum input length, "
-                             f"max_model_len ({self.max_model_len}); pass truncate_prompt_tokens (-1: that "
-                             "maximum) to truncate it")
+            raise ValueError(too_long_message(len(prompt), self.max_model_len))
         blocks_needed = -(-len(prompt) // self.block_size)
         if not self.config.is_encoder and blocks_needed > self.num_blocks - 1:
             raise ValueError(f"the input needs {blocks_needed} KV blocks but the cache holds {self.num_blocks - 1}")

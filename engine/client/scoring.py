@@ -9,6 +9,7 @@ run every input through `EngineClient.encode` at once, so the engine batches the
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,14 +55,25 @@ def rank_documents(scores: list[float], top_n: int | None = None) -> list[Ranked
     return [RankedDocument(i, scores[i]) for i in order[: top_n or None]]
 
 
-async def embed(client, prompts: list[list[int]], params: PoolingParams | None, request_id: str) -> list[np.ndarray]:
-    """The vectors of tokenized prompts, all submitted at once (request ids `request_id-i`)."""
+async def embed(client, prompts: list[list[int]], params: PoolingParams | None, request_id: str, *,
+                priority: int = 0, data_parallel_rank: int | None = None) -> list[np.ndarray]:
+    """The vectors of tokenized prompts, all submitted at once (request ids `request_id-i`). The first failure
+    cancels the others, as does cancelling the call: each cancelled request is aborted in the engine."""
     async def one(i: int, prompt: list[int]) -> np.ndarray:
-        async for output in client.encode(f"{request_id}-{i}", prompt, params):
-            return output.outputs.data
+        async with aclosing(client.encode(f"{request_id}-{i}", prompt, params, priority=priority,
+                                          data_parallel_rank=data_parallel_rank)) as outputs:
+            async for output in outputs:
+                return output.outputs.data
         raise RuntimeError(f"pooling request {request_id}-{i} ended without a result")
 
-    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+    if len(prompts) == 1:                   # the common single-input request: no task to make
+        return [await one(0, prompts[0])]
+    tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:                  # after a failure: the others stop too (a no-op for finished ones)
+            task.cancel()
 
 
 async def score(client, prompts_1: list[list[int]], prompts_2: list[list[int]], params: PoolingParams | None,

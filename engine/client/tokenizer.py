@@ -21,10 +21,19 @@ def load_tokenizer(config: EngineConfig):
     try:
         if path.lower().endswith(".gguf"):
             directory, name = os.path.split(path)
-            return PreTrainedTokenizerFast.from_pretrained(directory, gguf_file=name, local_files_only=True)
-        return AutoTokenizer.from_pretrained(path, use_fast=True, local_files_only=True)
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(directory, gguf_file=name, local_files_only=True)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, local_files_only=True)
     except Exception as e:  # transformers raises many types here; the user needs the path and the reason
         raise ValueError(f"cannot load a tokenizer from {config.tokenizer_path!r}: {e}") from None
+    # A tokenizer.json may carry truncation and padding (all-MiniLM-L6-v2's: cut and padded to 128 tokens). The
+    # Rust tokenizer's own encode, which the server calls, would apply them silently: lengths are the engine's
+    # business (max_model_len, truncate_prompt_tokens), and transformers' calls set them per call anyway.
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
+    return tokenizer
 
 
 def eos_token_ids(config: EngineConfig, tokenizer=None) -> list[int]:

@@ -65,6 +65,11 @@ def _start(config: EngineConfig, rank: int, tp: int, args: dict):
         runner = make_model_runner(config, rank, tp)
         runner.load()
         return runner
+    if config.resolved_device == "cpu" and config.runner == "pooling":
+        # Read by OpenMP as torch loads it. A pooling step is a burst of short parallel torch ops beside a busy
+        # HTTP frontend: threads that spin at each barrier while their peer is descheduled cost 5-13x the
+        # requests/s on a shared 2-core machine (docs/performance.md); sleeping at once costs microseconds.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     if config.resolved_device == "cpu":

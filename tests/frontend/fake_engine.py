@@ -6,21 +6,27 @@ seed (reproducible when seeded). One step loop serves all running requests, like
 `step_delay` seconds each running request gets one token. It honours max_tokens, min_tokens, ignore_eos,
 stop_token_ids, max_model_len, logprobs and prompt_logprobs (made-up but self-consistent values: the
 chosen token's logprob equals its entry among the top-k, ranks agree with the order), and records what it
-was asked (submitted), what finished and what was aborted. die() kills it: in-flight streams raise
-EngineDeadError, is_dead turns True, new requests fail at once.
+was asked (submitted; `encoded` for pooling requests, served when its config's runner is "pooling"), what
+finished and what was aborted. die() kills it: in-flight streams raise EngineDeadError, is_dead turns True,
+new requests fail at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 
+import numpy as np
+
+from engine.client.pooling import finish_vector, resolve_pooling_params, too_long_message
 from engine.client.tokenizer import eos_token_ids, load_tokenizer
 from engine.config import EngineConfig
+from engine.errors import UnsupportedTaskError
 from engine.messages import SchedulerStats
-from engine.outputs import EngineDeadError, RequestDelta, TokenLogprobs
-from engine.sampling_params import SamplingParams
+from engine.outputs import EngineDeadError, PoolingOutput, PoolingRequestOutput, RequestDelta, TokenLogprobs
+from engine.sampling_params import PoolingParams, SamplingParams
 
 SCRIPT = "The quick brown fox jumps over the lazy dog. "
 
@@ -56,6 +62,9 @@ class FakeEngine:
         self.submitted: list[tuple[str, list[int], SamplingParams]] = []
         self.finished: list[str] = []
         self.aborted: list[str] = []
+        self.encoded: list[tuple[str, list[int], PoolingParams]] = []
+        self.pooling: set[str] = set()          # pooling requests in flight
+        self._died = asyncio.Event()
         self.calls: list[tuple[str, dict]] = []
         self.started = self.shut_down = False
         self._dead: EngineDeadError | None = None
@@ -115,9 +124,38 @@ class FakeEngine:
             if self.running.pop(request_id, None) is not None:
                 self.aborted.append(request_id)
 
+    async def encode(self, request_id: str, prompt_token_ids, pooling_params: PoolingParams | None = None, *,
+                     priority: int = 0, arrival_time: float | None = None, data_parallel_rank: int | None = None):
+        """A pooling model's made-up vector (token counts by id modulo hidden_size, then finished as the params
+        ask) after one step_delay; an encode closed before that counts as aborted."""
+        if self._dead is not None:
+            raise self._dead
+        UnsupportedTaskError.check(self.config.model_name, self.config.runner, pooling=True)
+        prompt = list(prompt_token_ids)
+        if not prompt or max(prompt) >= self.config.vocab_size or min(prompt) < 0:
+            raise ValueError("the prompt is empty or holds token ids outside the vocabulary")
+        if len(prompt) > self.max_model_len:
+            raise ValueError(too_long_message(len(prompt), self.max_model_len))
+        params = resolve_pooling_params(pooling_params, self.config)
+        self.encoded.append((request_id, prompt, params))
+        self.pooling.add(request_id)
+        finished = False
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):      # one step, or until die()
+                await asyncio.wait_for(self._died.wait(), self.step_delay)
+            if self._dead is not None:
+                raise self._dead
+            dim = self.config.hidden_size
+            raw = np.bincount(np.asarray(prompt) % dim, minlength=dim).astype(np.float32) + 1.0
+            finished = True
+            yield PoolingRequestOutput(request_id, PoolingOutput(finish_vector(raw, params)), prompt)
+        finally:
+            self.pooling.discard(request_id)
+            (self.finished if finished else self.aborted).append(request_id)
+
     @property
     def num_unfinished(self) -> int:
-        return len(self.running)
+        return len(self.running) + len(self.pooling)
 
     def fail_unfinished(self, error: EngineDeadError) -> None:
         for request in self.running.values():
@@ -143,6 +181,7 @@ class FakeEngine:
     # ------------------------------------------------------------------ test controls
     def die(self, message: str = "executor 0 died (killed by signal 9)") -> None:
         self._dead = EngineDeadError(message)
+        self._died.set()
         for request in self.running.values():
             request.queue.put_nowait(self._dead)
         self.running.clear()

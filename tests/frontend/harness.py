@@ -70,8 +70,8 @@ def write_tiny_model(directory: Path) -> Path:
 
 
 def engine_config(model_dir: Path | str, **overrides) -> EngineConfig:
-    return EngineConfig(model=str(model_dir), device="cpu", load_format="fake", served_model_name="tiny",
-                        **overrides)
+    return EngineConfig(**{"model": str(model_dir), "device": "cpu", "load_format": "fake", "served_model_name": "tiny",
+                           **overrides})
 
 
 class ServerThread:

@@ -15,7 +15,7 @@ from engine.client.engine_client import EngineClient
 from tests.frontend.fake_engine import FakeEngine
 from tests.frontend.harness import engine_config
 
-METHODS = ("start", "generate", "call", "fail_unfinished", "shutdown")
+METHODS = ("start", "generate", "encode", "call", "fail_unfinished", "shutdown")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_their_methods_take_what_the_face_says(engines, name):
         got = inspect.signature(method)
         assert [(p.name, p.kind) for p in got.parameters.values()] == \
             [(p.name, p.kind) for p in expected.parameters.values()], f"{type(engine).__name__}.{name}{got}"
-        if name == "generate":          # an async iterator of deltas
+        if name in ("generate", "encode"):      # an async iterator of deltas, of one pooling output
             assert inspect.isasyncgenfunction(method), type(engine).__name__
         else:
             assert inspect.iscoroutinefunction(method) == inspect.iscoroutinefunction(getattr(AsyncEngine, name)), \

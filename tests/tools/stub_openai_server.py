@@ -13,7 +13,8 @@ it ever had in flight. A request's behaviour is chosen by a `mode=NAME` word in 
   drop           two tokens, then the connection is cut
   http500        an HTTP 500 with an OpenAI-shaped error body
 
-Chat streams start with a role-only chunk sent at once, before any token, as real servers do.
+Chat streams start with a role-only chunk sent at once, before any token, as real servers do. /v1/embeddings
+answers one whole body after ttft_ms (http500 works there too).
 Each token chunk carries TOKEN_TEXT; usage reports one prompt token per whitespace-separated word.
 """
 
@@ -116,6 +117,8 @@ class StubOpenAIServer:
                 elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
                     if not await self._completion(writer, json.loads(body), chat="chat" in path):
                         return
+                elif method == "POST" and path == "/v1/embeddings":
+                    await self._embedding(writer, json.loads(body))
                 else:
                     self._reply(writer, 404, b'{"error": {"message": "no such route"}}')
                 await writer.drain()
@@ -128,6 +131,23 @@ class StubOpenAIServer:
     def _reply(writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
         head = f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
         writer.write(head.encode() + body)
+
+    async def _embedding(self, writer: asyncio.StreamWriter, body: dict) -> None:
+        """One embedding, written whole after ttft_ms (its one send time); http500 fails it."""
+        prompt = body["input"]
+        match = re.search(r"mode=(\w+)", prompt)
+        request = StubRequest(mode=match.group(1) if match else "ok", prompt=prompt, body=body,
+                              arrival=time.perf_counter())
+        self.requests.append(request)
+        await asyncio.sleep(self.ttft_s)
+        if request.mode == "http500":
+            self._reply(writer, 500, b'{"error": {"message": "stub failure", "type": "InternalServerError"}}')
+            return
+        words = len(prompt.split())
+        request.send_times.append(time.perf_counter())
+        self._reply(writer, 200, json.dumps({"object": "list", "data": [
+            {"index": 0, "object": "embedding", "embedding": [0.6, 0.8]}],
+            "usage": {"prompt_tokens": words, "total_tokens": words}}).encode())
 
     async def _completion(self, writer: asyncio.StreamWriter, body: dict, chat: bool) -> bool:
         """Serve one streamed request; False when the connection was cut."""

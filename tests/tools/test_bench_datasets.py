@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tools.bench_datasets import length_range, sample_prefix_repetition, sample_requests
+from tools.bench_datasets import length_range, sample_prefix_repetition, sample_requests, sample_sentences
 
 
 @pytest.fixture(params=["qwen3", "llama3"])
@@ -80,3 +80,10 @@ def test_prefix_repetition_groups_prompts_by_prefix_and_shuffles_them(tokenizer)
     assert all(_server_len(tokenizer, r.prompt) == r.prompt_len for r in requests)
     with pytest.raises(ValueError, match="num_prefixes"):
         sample_prefix_repetition(tokenizer, 2, num_prefixes=3, prefix_len=8, suffix_len=1, output_len=1)
+
+
+def test_sentences_are_single_sentences_with_their_server_length(tokenizer):
+    requests = sample_sentences(tokenizer, 8, seed=3)
+    assert [r.prompt for r in requests] == [r.prompt for r in sample_sentences(tokenizer, 8, seed=3)]
+    assert all(r.prompt.endswith(".") and r.prompt.count(".") == 1 for r in requests)
+    assert [r.prompt_len for r in requests] == [_server_len(tokenizer, r.prompt) for r in requests]

@@ -8,7 +8,8 @@ import json
 from click.testing import CliRunner
 
 from tests.engine.pooling_models import tiny_encoder_fixture  # noqa: F401  (pytest fixture)
-from tools.bench_embed import cli, make_sentences
+from tools.bench_datasets import make_sentences
+from tools.bench_embed import cli
 
 
 def test_sentences_are_deterministic_words_of_the_vocabulary(tiny_encoder):

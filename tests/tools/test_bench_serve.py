@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from tests.conftest import shared_path
 from tests.tools.stub_openai_server import TOKEN_TEXT, StubOpenAIServer
 from tools.bench_datasets import SampleRequest
-from tools.bench_serve import BenchError, BenchSettings, cli, run_benchmark
+from tools.bench_serve import BenchError, BenchSettings, cli, format_result, run_benchmark
 
 TTFT_MS, ITL_MS, DONE_DELAY_MS, SLOW_TTFT_MS = 60.0, 12.0, 40.0, 250.0
 TOKENS = 5
@@ -97,6 +97,22 @@ def test_chat_ttft_waits_for_the_first_token_not_the_role_chunk(stub):
     assert result.generated_texts == [TOKEN_TEXT * TOKENS] * 4
     body = stub.by_tag("req=0").body
     assert body["messages"] == [{"role": "user", "content": "w1 w2 w3 req=0 mode=ok"}]
+
+
+def test_embeddings_requests_are_timed_whole(stub):
+    modes = ["ok"] * 6 + ["http500"]
+    result = _run(stub, _requests(modes), endpoint="/v1/embeddings", max_concurrency=3)
+    assert result.completed == 6 and result.failed == 1 and result.errors[6].startswith("HTTP 500")
+    served = [stub.by_tag(f"req={i}") for i in range(6)]
+    client_e2el = np.array(result.latencies[:6]) * 1000
+    server_e2el = np.array([s.send_times[0] - s.arrival for s in served]) * 1000
+    assert (client_e2el >= server_e2el).all() and (server_e2el >= TTFT_MS).all()
+    assert result.total_input_tokens == 6 * 5 and result.total_output_tokens == 0    # usage's prompt tokens
+    assert result.percentile_metrics == ["e2el"] and result.run_info["backend"] == "openai-embeddings"
+    assert served[0].body == {"model": "stub-model", "input": "w1 w2 w3 req=0 mode=ok", "encoding_format": "float"}
+    report = format_result(result)
+    assert "Request throughput" in report and "E2EL" in report
+    assert "Output token" not in report and "TTFT" not in report
 
 
 def test_failed_requests_count_as_failed_not_fast(stub):
@@ -199,7 +215,7 @@ def test_unreachable_server_is_a_clear_error():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"endpoint": "embeddings"}, "endpoint"),
+        ({"endpoint": "rerank"}, "endpoint"),
         ({"dataset": "sharegpt"}, "dataset"),
         ({"dataset": "prefix"}, "prefix-len"),
         ({"request_rate": 0}, "request_rate"),
