@@ -21,6 +21,7 @@ from engine.errors import ConfigError
 from engine.models.bundled import SMOLLM2_INSTALL, SMOLLM2_NAME, find_smollm2
 from engine.models.gguf_file import is_gguf_path
 from engine.models.model_args import SUPPORTED_ARCHITECTURES, ModelArgs
+from engine.speculative_config import SpeculativeConfig, parse_speculative_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy", "fake")
@@ -112,6 +113,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     long_prefill_token_threshold: int = 0    # most tokens one request's prefill takes in a step; 0: no cap
     max_logprobs: int = 20
     async_scheduling: bool = False           # schedule step N+1 while step N runs (vLLM's --async-scheduling)
+    # --- speculative decoding (engine/speculative_config.py); a dict or JSON text is parsed by finalize()
+    speculative_config: SpeculativeConfig | None = None
     # --- structured outputs (engine/core/structured_output.py)
     grammar_compile_timeout_s: float = 10.0  # a compile past this ends its request with an error
     grammar_compile_threads: int = 2         # compile pool of the scheduler process
@@ -277,6 +280,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             )
         self._fit_grammar_masks()
 
+        self.speculative_config = parse_speculative_config(self.speculative_config)
         if self.max_num_batched_tokens is None:
             default = 8192 if self.resolved_device == "cuda" else 2048
             self.max_num_batched_tokens = max(default, self.max_num_seqs)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "frontend", "shm", "kernels", "tools")
 CONTRACTS = ("engine.config", "engine.errors", "engine.sampling_params", "engine.messages", "engine.outputs",
              "engine.process", "engine.distributed", "engine.block_hash",
-             "engine.structured_spec")
+             "engine.structured_spec", "engine.speculative_config")
 MODEL_ARGS = ("engine.models.model_args", "engine.models.demo", "engine.models.bundled", "engine.models.hub",
               "engine.models.gguf_file", "engine.models.gguf_config")     # torch-free model descriptions
 FRONTEND_MAY_USE = ("engine!", "engine.config", "engine.sampling_params", "engine.outputs", "engine.errors",
