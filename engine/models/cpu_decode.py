@@ -8,11 +8,11 @@ path runs RMSNorm, the QKV product, q/k norms, RoPE, the cache write, decode att
 projection, the residual adds and the SwiGLU MLP of every layer in C, in float32 over the 16-bit weights
 and cache: the arithmetic of the eager CPU path (engine/layers/cpu_matmul.py), ordered the same way, so it
 agrees with it to float32 rounding (tests/engine/models/test_cpu_decode.py; the equivalence tests against
-transformers run through it). Prefill and mixed steps keep the eager path: they are bound by arithmetic,
+transformers run through it). Long prefill chunks keep the eager path: they are bound by arithmetic,
 where the per-op overhead is small next to the GEMMs.
 
-Several query tokens per request (speculative decoding's verify steps, up to MAX_QUERY_TOKENS a request)
-take this path too, as one row per token: each row attends causally to its request's cache up to itself
+Several query tokens per request (speculative decoding's verify steps, short prompts: up to MAX_QUERY_TOKENS
+a request, and max_rows() in all) take this path too, as one row per token: each row attends causally to its request's cache up to itself
 (its own length and a copy of its request's block-table row), the way kernels/cpu_avx2.paged_attention16
 runs prefill chunks. decode_forward16 writes every row's keys and values before any row attends, so a draft
 sees the drafts before it. The C call is unchanged; only its inputs are expanded here.

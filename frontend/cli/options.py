@@ -21,6 +21,7 @@ from engine.config import (
     KVEventsConfig,
     find_smollm2,
     parse_size,
+    parse_speculative_config,
 )
 
 MODEL_HELP = ("A Hugging Face model directory, a hub repo id (e.g. Qwen/Qwen3-0.6B), a .gguf file, or a built-in "
@@ -58,6 +59,18 @@ class KVEventsParam(click.ParamType):
             return msgspec.json.decode(value, type=KVEventsConfig)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             self.fail(f"{value!r} is not a KV events config: {e}", param, ctx)
+
+
+class SpeculativeConfigParam(click.ParamType):
+    """--speculative-config: vLLM's JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4}'."""
+
+    name = "json"
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_speculative_config(value)
+        except ConfigError as e:
+            self.fail(str(e), param, ctx)
 
 
 ENGINE_OPTIONS = [
@@ -106,6 +119,11 @@ ENGINE_OPTIONS = [
     click.option("--grammar-compile-timeout", type=click.FloatRange(min=0.0, min_open=True), default=10.0,
                  help="Seconds a structured-output grammar may take to compile before its request ends "
                       "with an error (the server keeps serving the others)."),
+    # speculative decoding (engine/speculative_config.py)
+    click.option("--speculative-config", type=SpeculativeConfigParam(), default=None,
+                 help='Speculative decoding without a draft model, as vLLM\'s JSON: \'{"method": "ngram", '
+                      '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or '
+                      '\'{"method": "suffix"}\'.'),
 ]
 
 
@@ -144,5 +162,6 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         async_scheduling=options["async_scheduling"],
         data_parallel_size=options["data_parallel_size"], data_parallel_routing=options["data_parallel_routing"],
         kv_events_config=options["kv_events_config"], cpu_threads=options["cpu_threads"],
-        grammar_compile_timeout_s=options["grammar_compile_timeout"], **extra,
+        grammar_compile_timeout_s=options["grammar_compile_timeout"],
+        speculative_config=options["speculative_config"], **extra,
     )
