@@ -40,16 +40,14 @@ from engine.core.block_pool import KVCacheBlock
 from engine.core.kv_cache_manager import KVCacheManager, cdiv
 from engine.core.request import FINISH_CODES, Request, RequestStatus
 from engine.core.request_queue import create_request_queue, pick_preemption_victim
-from engine.core.speculator import Speculator
+from engine.core.speculator import Speculator, draft_tokens, first_rows
 from engine.core.structured_output import GrammarManager
 from engine.messages import (
     HANDLE,
     TOKEN,
     AddRequest,
-    DraftTokens,
     EngineOutputs,
     GrammarRows,
-    Logprobs,
     ModelRunnerOutput,
     NewRequestData,
     RequestLogprobs,
@@ -333,7 +331,7 @@ class Scheduler:
             new_block_ids=new_block_ids,
             finished_reqs=dropped,
             total_num_scheduled_tokens=total,
-            drafts=_draft_tokens(drafted, handles) if drafted else None,
+            drafts=draft_tokens(drafted, handles) if drafted else None,
             truncated_block_tables=truncated,
         )
 
@@ -555,14 +553,9 @@ class Scheduler:
             if request.first_token_ts is None:
                 request.first_token_ts = now
             request.last_token_ts = now
-            finished = request.append_token(token)
-            grammar = request.grammar
-            if grammar is not None and not grammar.terminated:
-                finished = self._advance_grammar(request, token, finished)
+            finished = self._take_token(request, token)
             if finished is not None:
-                if request.status is PREEMPTED:       # async: preempted while its last step ran
-                    self.waiting.remove(request)
-                self._finish(request, finished, self._grammar_error(request, token, finished))
+                self._finish_sampled(request, finished, token)
                 any_finished = True
             elif caching:
                 if len(request.all_token_ids) % block_size == 0:
@@ -612,10 +605,7 @@ class Scheduler:
             num_kept = 0
             for token in run:
                 num_kept += 1
-                finished = request.append_token(token)
-                grammar = request.grammar
-                if grammar is not None and not grammar.terminated:
-                    finished = self._advance_grammar(request, token, finished)
+                finished = self._take_token(request, token)
                 if finished is not None:
                     break
             news_handles.extend([handle] * num_kept)
@@ -624,9 +614,7 @@ class Scheduler:
             if kv.enable_caching and len(request.all_token_ids) // block_size > len(request.block_hashes):
                 kv.hash_new_blocks(request)         # the run may have filled blocks, the last one too
             if finished is not None:
-                if request.status is PREEMPTED:       # async: preempted while its last step ran
-                    self.waiting.remove(request)
-                self._finish(request, finished, self._grammar_error(request, run[num_kept - 1], finished))
+                self._finish_sampled(request, finished, run[num_kept - 1])
                 any_finished = True
                 continue
             if drafts and kv.free_tail(request, cdiv(len(request.all_token_ids), block_size)):
@@ -636,8 +624,21 @@ class Scheduler:
                 kv.cache_computed_blocks(request)
         if any_finished:
             self.running = [r for r in self.running if r.status is RUNNING]
-        logprobs = [_first_rows(lp, kept[lp.req]) for lp in out.logprobs if lp.req in kept]
+        logprobs = [first_rows(lp, kept[lp.req]) for lp in out.logprobs if lp.req in kept]
         return pack_i64(news_handles), pack_i32(news_tokens), logprobs, gone
+
+    def _take_token(self, request: Request, token: int) -> RequestStatus | None:
+        """Append a sampled token, advance the request's grammar; the finished status it causes, or None."""
+        finished = request.append_token(token)
+        grammar = request.grammar
+        if grammar is not None and not grammar.terminated:
+            finished = self._advance_grammar(request, token, finished)
+        return finished
+
+    def _finish_sampled(self, request: Request, status: RequestStatus, token: int) -> None:
+        if request.status is PREEMPTED:       # async: preempted while its last step ran
+            self.waiting.remove(request)
+        self._finish(request, status, self._grammar_error(request, token, status))
 
     def _advance_grammar(self, request: Request, token: int, finished: RequestStatus | None) -> RequestStatus | None:
         """Feed a sampled token to the request's matcher. The mask makes a refusal impossible, so one is an
@@ -677,26 +678,3 @@ class Scheduler:
         self._finish_reasons.append(FINISH_CODES[status])
         self._stop_reasons.append(request.stop_reason)
 
-
-def _draft_tokens(drafted: list[Request], handles: list[int]) -> DraftTokens | None:
-    """The step's DraftTokens, from the requests still scheduled with drafts (in batch order)."""
-    drafted = [request for request in drafted if request.spec_token_ids]
-    if not drafted:
-        return None
-    position = {handle: i for i, handle in enumerate(handles)}
-    return DraftTokens(
-        positions=pack_i32([position[request.req] for request in drafted]),
-        counts=pack_i32([len(request.spec_token_ids) for request in drafted]),
-        token_ids=pack_i32([token for request in drafted for token in request.spec_token_ids]),
-    )
-
-
-def _first_rows(entry: RequestLogprobs, rows: int) -> RequestLogprobs:
-    """The logprobs of a request's first `rows` tokens (those a stop inside an accepted run left)."""
-    lp = entry.logprobs
-    if len(lp.ranks) == 4 * rows:
-        return entry
-    width = 4 * rows * lp.num_columns
-    return RequestLogprobs(req=entry.req, logprobs=Logprobs(token_ids=lp.token_ids[:width],
-                                                             logprobs=lp.logprobs[:width],
-                                                             ranks=lp.ranks[:4 * rows], num_columns=lp.num_columns))

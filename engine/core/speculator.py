@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from engine.core.proposers import make_proposer
 from engine.core.request import Request
+from engine.messages import TOKEN, DraftTokens, Logprobs, RequestLogprobs, pack
 from engine.speculative_config import SpeculativeConfig
 
 MAX_PAUSE_TOKENS = 4096
@@ -122,3 +123,27 @@ def _grammar_prefix(matcher, drafts: list[int]) -> int:
     if taken:
         matcher.rollback(taken)
     return taken
+
+
+def draft_tokens(drafted: list[Request], handles: list[int]) -> DraftTokens | None:
+    """The step's DraftTokens, from the requests still scheduled with drafts (in batch order)."""
+    drafted = [request for request in drafted if request.spec_token_ids]
+    if not drafted:
+        return None
+    position = {handle: i for i, handle in enumerate(handles)}
+    return DraftTokens(
+        positions=pack([position[request.req] for request in drafted], TOKEN),
+        counts=pack([len(request.spec_token_ids) for request in drafted], TOKEN),
+        token_ids=pack([token for request in drafted for token in request.spec_token_ids], TOKEN),
+    )
+
+
+def first_rows(entry: RequestLogprobs, rows: int) -> RequestLogprobs:
+    """The logprobs of a request's first `rows` tokens (those a stop inside an accepted run left)."""
+    lp = entry.logprobs
+    if len(lp.ranks) == 4 * rows:
+        return entry
+    width = 4 * rows * lp.num_columns
+    return RequestLogprobs(req=entry.req, logprobs=Logprobs(token_ids=lp.token_ids[:width],
+                                                             logprobs=lp.logprobs[:width],
+                                                             ranks=lp.ranks[:4 * rows], num_columns=lp.num_columns))

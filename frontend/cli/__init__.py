@@ -29,6 +29,7 @@ BENCH_COMMANDS: dict[str, str] = {
     "frontend": "tools.bench_frontend:cli",
     "engine-overhead": "tools.bench_engine_overhead:cli",
     "spec": "tools.bench_spec:cli",
+    "spec-cost": "tools.bench_spec_cost:cli",
 }
 
 
