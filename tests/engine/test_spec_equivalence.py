@@ -99,7 +99,8 @@ def test_logprobs_penalties_and_seeded_samples_with_drafts(tiny_model):
 
 def test_structured_outputs_and_stop_strings_with_drafts():
     """The demo model (byte-level tokenizer): grammar masks at every draft position, a matcher rolled back
-    over rejected drafts, and stop strings inside an accepted run give the outputs of the run without."""
+    over rejected drafts, and stop strings inside an accepted run give the outputs of the run without (text,
+    finish reason and token ids: the tokens after the one completing the stop string are dropped)."""
     regex = StructuredOutputsParams(regex=r"(ab|abc){3,12}")
     schema = StructuredOutputsParams(json={"type": "object", "properties": {"k": {"enum": ["xx", "xy"]}},
                                            "required": ["k"]})
@@ -111,8 +112,8 @@ def test_structured_outputs_and_stop_strings_with_drafts():
                              structured_outputs=regex)]
 
     def run(llm, params):
-        return [(o.outputs[0].text, o.outputs[0].finish_reason) for o in llm.generate(prompts, params,
-                                                                                      use_tqdm=False)]
+        return [(o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].token_ids)
+                for o in llm.generate(prompts, params, use_tqdm=False)]
 
     with LLM(max_model_len=512) as llm:
         plain = run(llm, params)
@@ -125,4 +126,4 @@ def test_structured_outputs_and_stop_strings_with_drafts():
         assert run(llm, params) == plain
         assert run(llm, with_stop) == plain_stop
         assert llm.engine.stats.spec_num_accepted_tokens > 0
-    assert plain_stop[2] == (stop_text[: stop_text.index(stop)], "stop")
+    assert plain_stop[2][:2] == (stop_text[: stop_text.index(stop)], "stop")
