@@ -6,9 +6,12 @@ methods only.
 
 Keys and defaults follow vLLM where vLLM has the key (prompt lookup defaults to 5..5 when neither bound is
 given; suffix decoding's tree depth 24, 10,000 cached requests, spec factor 1.0, min token probability 0.1;
-`disable_by_batch_size` turns speculation off while more requests run than that). Two keys are ringserve's:
-`min_acceptance_rate` and `acceptance_window`, the per-request switch (engine/core/speculator.py). Draft-model
-methods (eagle, mtp, draft models) are refused with a ConfigError that names the key.
+`disable_by_batch_size` turns speculation off while more requests run than that). Two differences: suffix
+decoding drafts at most 8 tokens unless num_speculative_tokens says otherwise (vLLM: the tree depth; on a CPU
+every draft is a row through all the weights), and disable_by_batch_size defaults to the crossover measured
+on the CPU rather than to off. Two keys are ringserve's: `min_acceptance_rate` and `acceptance_window`, the
+per-request switch (engine/core/speculator.py). Draft-model methods (eagle, mtp, draft models) are refused
+with a ConfigError that names the key.
 """
 
 from __future__ import annotations

@@ -85,3 +85,14 @@ def test_speculative_config_defaults_and_errors_name_the_key():
             parse_speculative_config(bad)
     with pytest.raises(ConfigError, match="speculative_config"):
         parse_speculative_config("{not json")
+
+
+def test_llm_takes_vllms_dict_and_refuses_a_bad_one_before_starting():
+    from engine import LLM
+    from engine.config import EngineConfig
+
+    config = EngineConfig(speculative_config={"method": "suffix", "num_speculative_tokens": 3}).finalize()
+    assert config.speculative_config.num_speculative_tokens == 3
+    assert EngineConfig.from_json(config.to_json()).speculative_config == config.speculative_config
+    with pytest.raises(ConfigError, match="prompt_lookup_min"):
+        LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0})
