@@ -59,6 +59,17 @@ class StepInputs:
     def num_reqs(self) -> int:
         return len(self.seq_lens)
 
+    def token_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(seq_lens, rows) with one entry per query token, so that a step with a few query tokens per
+        request (a verify step) runs as a batch of decode rows: token i of a request with q query tokens and
+        seq_len cached ones (its own included) sees seq_len - q + i + 1 of them. The keys and values of the
+        whole step are written before any row attends, so a draft sees the drafts before it."""
+        if self.max_query_len == 1:
+            return self.seq_lens, self.rows
+        counts = np.diff(self.query_start_loc).astype(np.int64)
+        owner, offset = runs(counts)
+        return (self.seq_lens[owner] - counts[owner] + offset + 1).astype(np.int32), self.rows[owner]
+
     @property
     def block_tables(self) -> np.ndarray:
         """int32 [R, ceil(max_seq_len / block_size)]: the step's rows of the table, gathered (a copy) for

@@ -7,8 +7,8 @@ a tensor-parallel group run exactly the same steps on the same inputs, so they s
 
 A step with draft tokens (speculative decoding) verifies them in the same forward: every drafting request
 samples at each of its 1 + d positions, keeps its accepted run (InputBatch.accept) and reports how many
-tokens it produced. Such steps run eagerly on a GPU (the CUDA graphs hold one-token decode batches only);
-on a CPU the fused decode step takes them (engine/models/cpu_decode.py).
+tokens it produced. On a GPU such steps replay the decode CUDA graphs, one decode row per query token
+(engine/executor/cuda_graphs.py); on a CPU the fused decode step takes them (engine/models/cpu_decode.py).
 """
 
 from __future__ import annotations
