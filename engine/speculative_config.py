@@ -10,7 +10,7 @@ given; suffix decoding's tree depth 24, 10,000 cached requests, spec factor 1.0,
 decoding drafts at most 8 tokens unless num_speculative_tokens says otherwise (vLLM: the tree depth; on a CPU
 every draft is a row through all the weights), and disable_by_batch_size defaults to the crossover measured
 on the CPU rather than to off. Two keys are ringserve's: `min_acceptance_rate` and `acceptance_window`, the
-per-request switch (engine/core/speculator.py). Draft-model methods (eagle, mtp, draft models) are refused
+per-request draft length and switch (engine/core/speculator.py). Draft-model methods (eagle, mtp, draft models) are refused
 with a ConfigError that names the key.
 """
 
@@ -24,6 +24,8 @@ METHODS = ("ngram", "suffix")
 # measured on the project's 2-core Zen 4 with SmolLM2-135M (docs/performance.md, "batch crossover"): past
 # this many running requests a verify step costs more than its accepted tokens save
 DEFAULT_DISABLE_BY_BATCH_SIZE = 4
+# measured alike: a verify row costs about this share of a batch-1 decode step
+DEFAULT_MIN_ACCEPTANCE_RATE = 0.2
 
 
 class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -36,8 +38,10 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     suffix_decoding_max_spec_factor: float = 1.0  # suffix: draft length <= factor x matched length
     suffix_decoding_min_token_prob: float = 0.1   # suffix: stop drafting below this estimated probability
     disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE   # None: never off for the batch
-    min_acceptance_rate: float = 0.1              # a request pauses drafting below this accepted share
-    acceptance_window: int = 32                   # draft tokens a request's acceptance rate is taken over
+    # per request (engine/core/speculator.py): a draft token is verified only while its estimated chance
+    # to be accepted stays at or above this (about what a verify row costs against a decode step on the CPU)
+    min_acceptance_rate: float = DEFAULT_MIN_ACCEPTANCE_RATE
+    acceptance_window: int = 32                   # checked draft positions the acceptance estimate spans
 
     def resolved(self) -> SpeculativeConfig:
         """Validated, with the defaults that depend on the method filled in; ConfigError names the key."""

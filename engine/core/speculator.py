@@ -18,13 +18,20 @@ When not to speculate:
 - for the batch: while more than `disable_by_batch_size` requests run, no request drafts. On a CPU a verify
   step of B requests with k drafts multiplies B(k + 1) rows through every weight; once the batch makes the
   step compute-bound, those rows cost more than the accepted tokens save (measured: docs/performance.md);
-- per request: each request's share of accepted draft tokens is taken over `acceptance_window` drafted
-  tokens; below `min_acceptance_rate` it stops drafting for a number of its own tokens that doubles each
-  time (starting at the window), so open-ended text stops paying for verification while a request that
-  later turns to copying (an agent quoting its context) gets to try again.
+- per request: each request keeps an estimate of the chance that a draft token is accepted once the drafts
+  before it were (accepted over checked draft positions, decayed over `acceptance_window` positions, from
+  an optimistic prior). Draft i yields a token with that chance to the power i, and costs a row of the
+  verify step, about `min_acceptance_rate` of a decode step on the CPU (`ringserve bench spec-cost`), so a
+  request drafts only the tokens whose chance stays at or above it, none when the estimate itself falls
+  below. A request with no draft worth making pauses for a number of its own tokens that doubles each
+  time (starting at the window) and then starts afresh from the prior: open-ended text stops paying for
+  verification after a few short probes, while a request that later turns to copying (an agent quoting
+  its context) gets to try again.
 """
 
 from __future__ import annotations
+
+import math
 
 from engine.core.proposers import make_proposer
 from engine.core.request import Request
@@ -32,16 +39,22 @@ from engine.messages import TOKEN, DraftTokens, Logprobs, RequestLogprobs, pack
 from engine.speculative_config import SpeculativeConfig
 
 MAX_PAUSE_TOKENS = 4096
+# a new request's acceptance estimate: worth this many checked draft positions at this rate (it fades with
+# the request's own), so it drafts in full at once and a few rejections shorten its drafts
+PRIOR_POSITIONS = 2.0
+PRIOR_RATE = 0.8
 
 
 class _Acceptance:
-    __slots__ = ("drafted", "accepted", "paused_until", "pause")
+    __slots__ = ("checked", "accepted", "paused_until", "pause", "since_pause")
 
     def __init__(self, pause: int) -> None:
-        self.drafted = 0
-        self.accepted = 0
+        # draft positions verified (each draft up to the first rejection) and of them accepted, decayed
+        self.checked = PRIOR_POSITIONS
+        self.accepted = PRIOR_POSITIONS * PRIOR_RATE
         self.paused_until = 0          # the request's token count from which it may draft again
         self.pause = pause
+        self.since_pause = 0           # positions checked since it last resumed
 
 
 class Speculator:
@@ -69,17 +82,40 @@ class Speculator:
 
     def propose(self, request: Request, limit: int) -> list[int]:
         """Draft tokens for a request whose every known token but the last is computed: at most `limit`
-        (and num_speculative_tokens), none while its acceptance has paused it."""
+        (and num_speculative_tokens, and what its acceptance makes worth verifying), none while paused."""
         limit = min(limit, self.num_speculative_tokens)
-        if limit <= 0:
+        if limit <= 0 or self.paused(request):
             return []
-        if self.paused(request):
+        state = self._acceptance.get(request.req)
+        if state is None:
+            state = self._acceptance[request.req] = _Acceptance(self.window)
+        worth = self.draft_length(state)
+        if worth == 0:
+            self._pause(request, state)
             return []
-        drafts = self.proposer.propose(request.req, request.all_token_ids, limit)
+        drafts = self.proposer.propose(request.req, request.all_token_ids, min(limit, worth))
         grammar = request.grammar
         if drafts and grammar is not None and not grammar.terminated:
             drafts = drafts[:_grammar_prefix(grammar.matcher, drafts)]
         return drafts
+
+    def draft_length(self, state: _Acceptance) -> int:
+        """The most drafts whose chance to yield a token, rate ** i, stays >= min_acceptance_rate (at least
+        one while the rate itself does; none below)."""
+        rate, least = state.accepted / state.checked, self.min_acceptance_rate
+        if rate < least:
+            return 0
+        if rate >= 1.0 or least == 0.0:
+            return self.num_speculative_tokens
+        return max(1, min(self.num_speculative_tokens, int(math.log(least) / math.log(rate))))
+
+    def _pause(self, request: Request, state: _Acceptance) -> None:
+        """No draft is worth it: none for a doubling stretch, then one probe draft (the estimate is set at
+        the threshold: accepted, it climbs back; rejected, the next pause comes at once)."""
+        state.paused_until = len(request.all_token_ids) + state.pause
+        state.pause = min(2 * state.pause, MAX_PAUSE_TOKENS)
+        state.checked, state.accepted = PRIOR_POSITIONS, PRIOR_POSITIONS * self.min_acceptance_rate
+        state.since_pause = 0
 
     def record(self, request: Request, num_drafts: int, num_accepted: int) -> None:
         """A verified step of the request: num_accepted of its num_drafts drafts were accepted."""
@@ -89,19 +125,14 @@ class Speculator:
         per_pos = self.accepted_per_pos
         for position in range(num_accepted):
             per_pos[position] += 1
-        state = self._acceptance.get(request.req)
-        if state is None:
-            state = self._acceptance[request.req] = _Acceptance(self.window)
-        state.drafted += num_drafts
-        state.accepted += num_accepted
-        if state.drafted < self.window:
-            return
-        if state.accepted < self.min_acceptance_rate * state.drafted:
-            state.paused_until = len(request.all_token_ids) + state.pause
-            state.pause = min(2 * state.pause, MAX_PAUSE_TOKENS)
-        else:
+        state = self._acceptance[request.req]
+        checked = min(num_accepted + 1, num_drafts)      # positions after a rejection were never in question
+        keep = max(0.0, 1.0 - checked / self.window)
+        state.checked = state.checked * keep + checked
+        state.accepted = state.accepted * keep + num_accepted
+        state.since_pause += checked
+        if state.since_pause >= self.window:            # a window's worth without a pause: pauses short again
             state.pause = self.window
-        state.drafted = state.accepted = 0
 
     def finish(self, request: Request) -> None:
         self._acceptance.pop(request.req, None)

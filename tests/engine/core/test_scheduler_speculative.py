@@ -124,27 +124,45 @@ def test_preemption_and_aborts_with_drafts_leak_nothing():
     assert not scheduler.requests and scheduler.num_free_blocks == 23
 
 
-def test_low_acceptance_pauses_a_request_for_a_doubling_stretch():
-    speculator = Speculator(parse_speculative_config({**NGRAM, "acceptance_window": 8}))
-    request = Request(0, cycling_prompt(20), SamplingParams(max_tokens=200).resolved(), [EOS], max_model_len=256)
-    assert speculator.propose(request, 4)                       # the prompt repeats itself: a draft
-    speculator.record(request, 4, 0)
-    assert not speculator.paused(request)                       # 4 drafted: the window is not full yet
-    speculator.record(request, 4, 0)
-    assert speculator.paused(request) and speculator.propose(request, 4) == []
-    request.all_token_ids.extend([5] * 8)                       # 8 tokens later (the window) it may try again
-    assert not speculator.paused(request)
-    speculator.record(request, 4, 0)
-    speculator.record(request, 4, 0)
-    request.all_token_ids.extend([5] * 15)
-    assert speculator.paused(request)                           # the second pause is twice as long
-    request.all_token_ids.append(5)
-    assert not speculator.paused(request)
-    speculator.record(request, 4, 4)                            # good acceptance: no pause, the next one short
-    speculator.record(request, 4, 3)
-    assert not speculator.paused(request) and speculator._acceptance[0].pause == 8
-    assert speculator.num_drafts == 6 and speculator.num_accepted_tokens == 7
-    assert speculator.accepted_per_pos == [2, 2, 2, 1]
+def test_drafts_shorten_as_acceptance_falls_and_stop_for_a_doubling_stretch():
+    """min_acceptance_rate 0.2, window 8: a new request drafts in full; rejections shorten its drafts to
+    what its estimated acceptance pays for, then pause it; after the pause one probe draft; a probe that
+    is accepted brings full drafts back, and a window's worth of drafting makes the next pause short."""
+    speculator = Speculator(parse_speculative_config({**NGRAM, "acceptance_window": 8, "min_acceptance_rate": 0.2}))
+    tokens = list(range(1, 11)) * 2                             # periodic: prompt lookup always has a draft
+    request = Request(0, tokens, SamplingParams(max_tokens=500).resolved(), [EOS], max_model_len=1024)
+
+    def grow(n: int) -> None:
+        for _ in range(n):
+            request.all_token_ids.append(request.all_token_ids[-10])
+
+    def rejected_until_paused() -> list[int]:
+        lengths = []
+        while drafts := speculator.propose(request, 4):
+            lengths.append(len(drafts))
+            speculator.record(request, len(drafts), 0)
+            grow(1)
+        return lengths
+
+    assert rejected_until_paused() == [4, 2, 1, 1, 1]
+    assert speculator.paused(request)
+    grow(7)                                                      # the first pause: the window, 8 tokens
+    assert speculator.paused(request)
+    grow(1)
+    assert rejected_until_paused() == [1]                        # a probe, rejected: paused again at once
+    grow(15)
+    assert speculator.paused(request)                            # the second pause is twice as long
+    grow(1)
+    assert len(speculator.propose(request, 4)) == 1             # the probe, this time accepted
+    speculator.record(request, 1, 1)
+    lengths = []
+    for _ in range(3):
+        lengths.append(len(drafts := speculator.propose(request, 4)))
+        speculator.record(request, len(drafts), len(drafts))
+        grow(len(drafts) + 1)
+    assert lengths == [2, 4, 4] and speculator._acceptance[0].pause == 8
+    assert speculator.num_drafts == 10 and speculator.num_accepted_tokens == 11
+    assert speculator.accepted_per_pos == [4, 3, 2, 2]
 
 
 def test_a_batch_past_disable_by_batch_size_drafts_nothing():
