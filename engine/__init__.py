@@ -21,6 +21,10 @@ _EXPORTS = {
     "RequestOutput": "engine.outputs",
     "CompletionOutput": "engine.outputs",
     "EngineDeadError": "engine.errors",
+    "PoolingParams": "engine.sampling_params",
+    "PoolingRequestOutput": "engine.outputs",
+    "EmbeddingRequestOutput": "engine.outputs",
+    "ScoringRequestOutput": "engine.outputs",
 }
 
 __all__ = list(_EXPORTS)

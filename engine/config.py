@@ -14,24 +14,38 @@ import importlib.util
 import json
 import os
 import re
+from typing import Any
 
 import msgspec
 
 from engine.errors import ConfigError
-from engine.models.bundled import SMOLLM2_INSTALL, SMOLLM2_NAME, find_smollm2
+from engine.generation_config import SamplingDefaults, check_mode, sampling_defaults
+from engine.models.bundled import (
+    MINILM_INSTALL,
+    MINILM_NAME,
+    SMOLLM2_INSTALL,
+    SMOLLM2_NAME,
+    find_minilm,
+    find_smollm2,
+)
+from engine.models.encoder_args import ENCODER_ARCHITECTURES, EncoderArgs
 from engine.models.gguf_file import is_gguf_path
 from engine.models.model_args import SUPPORTED_ARCHITECTURES, ModelArgs
-from engine.speculative_config import SpeculativeConfig, parse_speculative_config
+from engine.models.model_zip import is_model_zip, unpack_model_zip
+from engine.models.pooler_config import PoolerConfig, read_max_seq_length, resolve_pooler_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy", "fake")
+QUANTIZATIONS = ("gguf", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DEMO_NAME = "ringserve-demo"
 SCHEDULING_POLICIES = ("fcfs", "priority")
 DATA_PARALLEL_ROUTINGS = ("prefix", "load", "round_robin")
 KV_EVENT_PUBLISHERS = ("null", "zmq")
+RUNNERS = ("auto", "generate", "pooling")
 
 GiB = 1 << 30
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"     # every process's log lines
 DEFAULT_RING_BYTES = 16 << 20
 PARAMS_ALLOWANCE = 64 << 10        # bytes kept in the request ring for an AddRequest's params
 CPU_SPIN_US = 100                  # spin windows before sleeping (DESIGN §2)
@@ -75,10 +89,119 @@ class KVEventsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.enable_kv_cache_events and self.publisher != "null"
 
 
+SPECULATIVE_METHODS = ("ngram", "suffix")
+# measured on the project's 2-core Zen 4 with SmolLM2-135M (docs/performance.md, speculative decoding): past
+# this many running requests a verify step costs more than its accepted tokens save
+DEFAULT_DISABLE_BY_BATCH_SIZE = 4
+# measured alike: a verify row costs about this share of a batch-1 decode step
+DEFAULT_MIN_ACCEPTANCE_RATE = 0.2
+
+
+class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`--speculative-config` / `LLM(speculative_config=...)`: vLLM's JSON for speculative decoding, model-free
+    methods only.
+
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        {"method": "suffix", "num_speculative_tokens": 8}
+
+    Keys and defaults follow vLLM where vLLM has the key (prompt lookup defaults to 5..5 when neither bound is
+    given; suffix decoding's tree depth 24, 10,000 cached requests, spec factor 1.0, min token probability 0.1;
+    `disable_by_batch_size` turns speculation off while more requests run than that). Two differences: suffix
+    decoding drafts at most 8 tokens unless num_speculative_tokens says otherwise (vLLM: the tree depth; on a CPU
+    every draft is a row through all the weights), and disable_by_batch_size defaults to the crossover measured
+    on the CPU rather than to off. Two keys are ringserve's: `min_acceptance_rate` and `acceptance_window`, the
+    per-request draft length and switch (engine/core/speculator.py). Draft-model methods (eagle, mtp, draft
+    models) are refused with a ConfigError that names the key.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int | None = None     # most draft tokens a request verifies per step
+    prompt_lookup_max: int | None = None          # ngram: longest n-gram matched against the history
+    prompt_lookup_min: int | None = None          # ngram: shortest n-gram that may propose
+    suffix_decoding_max_tree_depth: int = 24      # suffix: longest context + continuation a tree holds
+    suffix_decoding_max_cached_requests: int = 10000   # suffix: finished requests' outputs kept (0: none)
+    suffix_decoding_max_spec_factor: float = 1.0  # suffix: draft length <= factor x matched length
+    suffix_decoding_min_token_prob: float = 0.1   # suffix: stop drafting below this estimated probability
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE   # None: never off for the batch
+    # per request (engine/core/speculator.py): a draft token is verified only while its estimated chance
+    # to be accepted stays at or above this (about what a verify row costs against a decode step on the CPU)
+    min_acceptance_rate: float = DEFAULT_MIN_ACCEPTANCE_RATE
+    acceptance_window: int = 32                   # checked draft positions the acceptance estimate spans
+
+    def resolved(self) -> SpeculativeConfig:
+        """Validated, with the defaults that depend on the method filled in; ConfigError names the key."""
+        key = "speculative_config."
+        if self.method not in SPECULATIVE_METHODS:
+            hint = " (draft-model methods are not supported)" if self.method else ""
+            raise ConfigError(f"{key}method must be one of {', '.join(SPECULATIVE_METHODS)}; "
+                              f"got {self.method!r}{hint}")
+        tokens = self.num_speculative_tokens
+        if tokens is None:
+            if self.method == "ngram":
+                raise ConfigError(f"{key}num_speculative_tokens is required for method 'ngram'")
+            tokens = min(self.suffix_decoding_max_tree_depth, 8)
+        _check_positive(key + "num_speculative_tokens", tokens)
+        if tokens > 32:
+            raise ConfigError(f"{key}num_speculative_tokens must be at most 32, got {tokens}")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if self.method == "ngram":
+            if low is None and high is None:
+                low = high = 5
+            low = high if low is None else low
+            high = low if high is None else high
+            _check_positive(key + "prompt_lookup_min", low)
+            _check_positive(key + "prompt_lookup_max", high)
+            if low > high:
+                raise ConfigError(f"{key}prompt_lookup_min ({low}) must not exceed prompt_lookup_max ({high})")
+        elif low is not None or high is not None:
+            raise ConfigError(f"{key}prompt_lookup_min/max apply to method 'ngram', not {self.method!r}")
+        _check_positive(key + "suffix_decoding_max_tree_depth", self.suffix_decoding_max_tree_depth)
+        if self.suffix_decoding_max_cached_requests < 0:
+            raise ConfigError(f"{key}suffix_decoding_max_cached_requests must be >= 0, "
+                              f"got {self.suffix_decoding_max_cached_requests}")
+        if self.suffix_decoding_max_spec_factor <= 0:
+            raise ConfigError(f"{key}suffix_decoding_max_spec_factor must be positive, "
+                              f"got {self.suffix_decoding_max_spec_factor}")
+        if not 0.0 <= self.suffix_decoding_min_token_prob <= 1.0:
+            raise ConfigError(f"{key}suffix_decoding_min_token_prob must be in [0, 1], "
+                              f"got {self.suffix_decoding_min_token_prob}")
+        if self.disable_by_batch_size is not None:
+            _check_positive(key + "disable_by_batch_size", self.disable_by_batch_size)
+        if not 0.0 <= self.min_acceptance_rate < 1.0:
+            raise ConfigError(f"{key}min_acceptance_rate must be in [0, 1), got {self.min_acceptance_rate}")
+        _check_positive(key + "acceptance_window", self.acceptance_window)
+        return msgspec.structs.replace(self, num_speculative_tokens=tokens, prompt_lookup_min=low,
+                                       prompt_lookup_max=high)
+
+
+def parse_speculative_config(value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:
+    """A SpeculativeConfig from vLLM's JSON text, a dict (LLM's keyword) or a struct, resolved; None stays
+    None. Unknown keys and wrong types are a ConfigError naming the key."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, str):
+            value = msgspec.json.decode(value, type=SpeculativeConfig)
+        elif isinstance(value, dict):
+            value = msgspec.convert(value, SpeculativeConfig)
+        elif not isinstance(value, SpeculativeConfig):
+            raise ConfigError(f"speculative_config must be a JSON object, got {type(value).__name__}")
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise ConfigError(f"speculative_config: {_key_first(str(e))}") from None
+    return value.resolved()
+
+
+def _key_first(message: str) -> str:
+    """msgspec says 'Expected `int`, got `str` - at `$.num_speculative_tokens`': put the key first."""
+    text, _, where = message.partition(" - at `$.")
+    return f"{where.rstrip('`')}: {text}" if where else message
+
+
 class EngineConfig(msgspec.Struct, kw_only=True):
     # --- model
-    model: str = ""                          # HF model directory, hub repo id, .gguf file, or a built-in
-                                             # name (ringserve-demo, smollm2-135m-instruct); "": the demo
+    model: str = ""                          # HF model directory (or a .zip of one), hub repo id, .gguf file, or
+                                             # a built-in name (ringserve-demo, smollm2-135m-instruct,
+                                             # all-minilm-l6-v2); "": the demo
     revision: str | None = None              # hub branch, tag or commit of a repo id
     download_dir: str | None = None          # hub cache directory (default: huggingface_hub's)
     tokenizer: str | None = None             # defaults to the model directory (or the GGUF file)
@@ -87,9 +210,18 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     dtype: str = "auto"
     max_model_len: int | None = None
     load_format: str = "auto"                # auto | safetensors | dummy | fake (zero-cost fake model)
+    quantization: str | None = None          # gguf: a GGUF file's quantized tensors stay in their blocks and
+                                             # run through quantized kernels; none: dequantized at load;
+                                             # None: gguf for a GGUF file that holds quantized tensors
     fake_step_us: int = 0                    # load_format fake: each forward sleeps this long, as a CPU
                                              # waiting for a GPU step would (engine-overhead benchmarks)
     seed: int = 0
+    generation_config: str = "auto"          # sampling defaults: auto (the model's), vllm (none), or a folder
+    override_generation_config: dict[str, Any] = {}   # fields set on top of those (vLLM's option)
+    # --- pooling models (embeddings; engine/models/pooler_config.py)
+    runner: str = "auto"                     # auto | generate | pooling (vLLM's --runner); finalize() writes the
+                                             # choice back: pooling for encoder models (BERT family), else generate
+    pooler_config: PoolerConfig | None = None    # pooling type and normalize; finalize() fills in the model's
     # --- device and parallelism
     device: str = "auto"
     tensor_parallel_size: int = 1
@@ -103,7 +235,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     block_size: int = 16
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
-    kv_cache_memory: int | None = None       # bytes; on the CPU the default is 4 GiB
+    kv_cache_memory: int | None = None       # bytes; default on the CPU: what max_num_seqs x max_model_len
+                                             # tokens take, capped by a share of the free memory
     num_gpu_blocks_override: int | None = None
     kv_events_config: KVEventsConfig | None = None
     # --- scheduler
@@ -113,22 +246,25 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     long_prefill_token_threshold: int = 0    # most tokens one request's prefill takes in a step; 0: no cap
     max_logprobs: int = 20
     async_scheduling: bool = False           # schedule step N+1 while step N runs (vLLM's --async-scheduling)
-    # --- speculative decoding (engine/speculative_config.py); a dict or JSON text is parsed by finalize()
+    # --- speculative decoding (SpeculativeConfig above); a dict or JSON text is parsed by finalize()
     speculative_config: SpeculativeConfig | None = None
     # --- structured outputs (engine/core/structured_output.py)
     grammar_compile_timeout_s: float = 10.0  # a compile past this ends its request with an error
-    grammar_compile_threads: int = 2         # compile pool of the scheduler process
+    grammar_compile_workers: int = 2         # compile worker processes of the scheduler (started on demand)
     # --- processes and rings
     in_process: bool = False                 # scheduler and one executor in the caller (debugging, unit tests)
     ring_bytes: int = DEFAULT_RING_BYTES     # the broadcast ring; the others are sized from it; grows
                                              # by default for contexts beyond about a million tokens
     spin_us: int | None = None               # spin window before sleeping; None: adapt to the device
     startup_timeout_s: float = 600.0
+    log_level: str = "info"                  # of the engine's processes (their startup notes), as the server's
     # --- derived by finalize(); never set by hand
     architecture: str = ""
     resolved_dtype: str = ""
     resolved_device: str = ""
     vocab_size: int = 0
+    sampling_defaults: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
+    hidden_size: int = 0                     # the length of a pooled vector
     finalized: bool = False
 
     # ------------------------------------------------------------------ derived values
@@ -163,6 +299,16 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         return CUDA_SPIN_US if self.resolved_device == "cuda" else CPU_SPIN_US
 
     @property
+    def executor_threads(self) -> int:
+        """torch threads of each CPU executor: --cpu-threads, else the cores shared among the ranks."""
+        return self.cpu_threads or max(1, (os.cpu_count() or 1) // self.tensor_parallel_size)
+
+    @property
+    def is_encoder(self) -> bool:
+        """An encoder model (BERT family): bidirectional attention, no KV cache, pooling only."""
+        return self.architecture in ENCODER_ARCHITECTURES
+
+    @property
     def is_gguf(self) -> bool:
         return is_gguf_path(self.model)
 
@@ -176,7 +322,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             return gguf_hf_config(self.model)
         return read_model_config(self.model)
 
-    def generation_config(self) -> dict:
+    def model_generation_config(self) -> dict:
+        """The model's own generation_config.json ({} for a GGUF file or where there is none)."""
         if self.is_gguf:
             return {}
         path = os.path.join(self.model, "generation_config.json")
@@ -184,6 +331,21 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             return {}
         with open(path) as f:
             return json.load(f)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token takes over all tensor-parallel ranks (each holds at least one KV head)."""
+        args = ModelArgs.from_hf_config(self.hf_config(), self.architecture, self.max_model_len)
+        per_rank_heads = max(1, args.num_kv_heads // self.tensor_parallel_size)
+        element = 4 if self.resolved_dtype == "float32" else 2
+        return args.num_layers * 2 * per_rank_heads * self.tensor_parallel_size * args.head_dim * element
+
+    def stored_weight_type(self) -> str | None:
+        """For a GGUF file, the tensor type most of its weight bytes are stored in (Q4_1, Q8_0, F16, ...)."""
+        if not self.is_gguf:
+            return None
+        from engine.models.gguf_config import main_weight_type
+
+        return main_weight_type(self.model)
 
     # ------------------------------------------------------------------ validation
     def finalize(self) -> EngineConfig:
@@ -222,17 +384,24 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             )
         if self.kv_cache_memory is not None:
             _check_positive("kv_cache_memory", self.kv_cache_memory)
+        check_mode(self.generation_config)
+        if self.generation_config not in ("auto", "vllm"):
+            self.generation_config = os.path.abspath(os.path.expanduser(self.generation_config))
 
         hf = self.hf_config()
         archs = hf.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        known = SUPPORTED_ARCHITECTURES + ENCODER_ARCHITECTURES
+        arch = next((a for a in archs if a in known), None)
         if arch is None:
             raise ConfigError(
                 f"unsupported architecture {archs or hf.get('model_type')!r} in {self.model}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"supported: {', '.join(known)}"
             )
         self.architecture = arch
         self.vocab_size = int(hf["vocab_size"])
+        self.sampling_defaults = sampling_defaults(self.model, self.is_gguf, self.generation_config,
+                                                   self.override_generation_config)
+        encoder = self._resolve_runner(hf)
 
         heads = int(hf["num_attention_heads"])
         kv_heads = int(hf.get("num_key_value_heads") or heads)
@@ -251,10 +420,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"{cuda_device_count()} (check CUDA_VISIBLE_DEVICES)"
             )
         self.resolved_dtype = self._resolve_dtype(hf)
+        self.quantization = self._resolve_quantization()
 
-        limit = _model_max_len(hf)
-        if self.max_model_len is None:
-            self.max_model_len = limit
+        limit = encoder.max_len if encoder else _model_max_len(hf)
+        if self.max_model_len is None:       # an encoder: as long as sentence-transformers truncates to
+            self.max_model_len = min(limit, (encoder and read_max_seq_length(self.model)) or limit)
         elif self.max_model_len > limit:
             raise ConfigError(
                 f"max_model_len {self.max_model_len} exceeds the model's limit of {limit} tokens "
@@ -271,9 +441,12 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"ring_bytes {self.ring_bytes} is too small for max_model_len {self.max_model_len}: "
                 f"a full-length prompt needs ring_bytes >= {needed}"
             )
-        args = ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what the decoder can't compute
+        args = encoder or ModelArgs.from_hf_config(hf, arch, self.max_model_len)   # refuses what it can't compute
         backend = self.attention_backend or ("triton" if self.resolved_device == "cuda" else "torch")
-        if backend == "triton" and args.head_dim not in TRITON_HEAD_DIMS:
+        if backend == "triton" and importlib.util.find_spec("triton") is None:
+            raise ConfigError("the triton attention backend (the default on a GPU) needs triton, which the "
+                              "default install leaves out: pip install 'ringserve[gpu]' (or triton)")
+        if backend == "triton" and not encoder and args.head_dim not in TRITON_HEAD_DIMS:
             raise ConfigError(
                 f"head_dim {args.head_dim} is not supported by the triton attention backend "
                 f"({', '.join(map(str, TRITON_HEAD_DIMS))}); pass attention_backend='torch'"
@@ -281,6 +454,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         self._fit_grammar_masks()
 
         self.speculative_config = parse_speculative_config(self.speculative_config)
+        if self.speculative_config is not None and self.runner == "pooling":
+            raise ConfigError("speculative_config applies to runner 'generate' only (a pooling model samples "
+                              "no tokens)")
         if self.max_num_batched_tokens is None:
             default = 8192 if self.resolved_device == "cuda" else 2048
             self.max_num_batched_tokens = max(default, self.max_num_seqs)
@@ -290,8 +466,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs})"
             )
-        if self.resolved_device == "cpu" and self.kv_cache_memory is None:
-            self.kv_cache_memory = 4 * GiB
+        if self.runner == "pooling":
+            self._fit_pooling()
         if self.in_process and tp != 1:
             raise ConfigError("in_process mode runs one executor; tensor_parallel_size must be 1")
         if self.in_process and self.data_parallel_size != 1:
@@ -316,7 +492,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         hold a full-batch mask."""
         if self.grammar_compile_timeout_s <= 0:
             raise ConfigError(f"grammar_compile_timeout_s must be positive, got {self.grammar_compile_timeout_s}")
-        _check_positive("grammar_compile_threads", self.grammar_compile_threads)
+        _check_positive("grammar_compile_workers", self.grammar_compile_workers)
         needed = 2 * (self.grammar_mask_bytes + 64 * self.max_num_seqs)
         if self.ring_bytes == DEFAULT_RING_BYTES and needed > self.ring_bytes:
             self.ring_bytes = -(-needed // (1 << 20)) << 20
@@ -325,6 +501,41 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 f"ring_bytes {self.ring_bytes} is too small for the grammar bitmasks of max_num_seqs "
                 f"{self.max_num_seqs} over a {self.vocab_size}-token vocabulary: ring_bytes >= {needed} is needed"
             )
+
+    def _resolve_runner(self, hf: dict) -> EncoderArgs | None:
+        """Pick the runner (vLLM's: pooling for an encoder, generate otherwise) and, for pooling, the pooler
+        config; returns the encoder's args for an encoder model (read here, so a bad config fails now)."""
+        _check_choice("runner", self.runner, RUNNERS)
+        encoder = EncoderArgs.from_hf_config(hf, self.architecture) if self.is_encoder else None
+        if encoder and self.runner == "generate":
+            raise ConfigError(f"{self.architecture} is an encoder model: it computes embeddings (runner 'pooling') "
+                              "and cannot generate text (runner 'generate')")
+        if self.runner == "auto":
+            self.runner = "pooling" if encoder else "generate"
+        self.hidden_size = int(hf.get("hidden_size") or 0)
+        if self.runner == "pooling":
+            self.pooler_config = resolve_pooler_config(None if self.is_gguf else self.model, hf, bool(encoder),
+                                                       self.pooler_config)
+        elif self.pooler_config is not None:
+            raise ConfigError("pooler_config applies to runner 'pooling' only")
+        return encoder
+
+    def _fit_pooling(self) -> None:
+        """A pooling step returns one float32 vector per request on the result ring: it must hold a full
+        batch of them (the ring grows when ring_bytes is the default); an encoder runs a whole prompt in one
+        step, so the token budget must take a max_model_len prompt."""
+        if self.load_format == "fake":
+            raise ConfigError("load_format 'fake' has no pooling model; use dummy weights instead")
+        if self.is_encoder and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                              f"max_model_len ({self.max_model_len}): an encoder runs a whole prompt in one step")
+        needed = 4 * (self.max_num_seqs * (4 * self.hidden_size + 8) + PARAMS_ALLOWANCE)
+        if self.ring_bytes == DEFAULT_RING_BYTES and needed > self.ring_bytes:
+            self.ring_bytes = -(-needed // (1 << 20)) << 20
+        if self.ring_bytes < needed:
+            raise ConfigError(f"ring_bytes {self.ring_bytes} is too small for the pooled vectors of max_num_seqs "
+                              f"{self.max_num_seqs} requests of {self.hidden_size} floats: ring_bytes >= {needed} "
+                              "is needed")
 
     def _resolve_model(self) -> None:
         """Turn MODEL into a local directory or GGUF file: built-in names, then local paths, then hub ids."""
@@ -340,6 +551,17 @@ class EngineConfig(msgspec.Struct, kw_only=True):
                 raise ConfigError(f"{SMOLLM2_NAME} is not installed; install it with: {SMOLLM2_INSTALL}")
             self.model = path
             self.served_model_name = self.served_model_name or SMOLLM2_NAME
+            return
+        if self.model == MINILM_NAME:
+            path = find_minilm()
+            if path is None:
+                raise ConfigError(f"{MINILM_NAME} is not installed; install it with: {MINILM_INSTALL}")
+            self.model = unpack_model_zip(path)
+            self.served_model_name = self.served_model_name or MINILM_NAME
+            return
+        if is_model_zip(os.path.expanduser(self.model)):      # a zipped model directory: unpacked once
+            self.served_model_name = self.served_model_name or self.model
+            self.model = unpack_model_zip(os.path.expanduser(self.model))
             return
         from engine.models.hub import looks_like_repo_id, resolve_repo
 
@@ -366,6 +588,20 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.resolved_device == "cpu" and declared == "float16" and not cpu_half_kernels_possible():
             return "float32"     # without kernels/cpu_avx2, fp16 matmuls on the CPU are slow and lossy
         return declared
+
+    def _resolve_quantization(self) -> str:
+        if self.quantization is not None:
+            _check_choice("quantization", self.quantization, QUANTIZATIONS)
+        if not self.is_gguf or self.load_format in ("dummy", "fake"):
+            if self.quantization == "gguf":
+                raise ConfigError("quantization 'gguf' needs a .gguf model file read from disk "
+                                  f"({self.model!r} with load_format {self.load_format!r})")
+            return "none"
+        if self.quantization is not None:
+            return self.quantization
+        from engine.models.gguf_config import holds_quantized_tensors
+
+        return "gguf" if holds_quantized_tensors(self.model) else "none"
 
     # ------------------------------------------------------------------ transport
     def to_json(self) -> bytes:

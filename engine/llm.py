@@ -1,4 +1,5 @@
-"""The offline API, with vLLM's names: `LLM(model).generate(prompts, sampling_params)` and `.chat(...)`.
+"""The offline API, with vLLM's names: `LLM(model).generate(prompts, sampling_params)` and `.chat(...)`; for
+pooling models (embeddings) `.embed(texts)`, `.encode(...)`, `.score(texts_1, texts_2)` and `.rerank(...)`.
 
 It drives the same multi-process engine the server uses (EngineClient's blocking face), so every test of
 `LLM` exercises the real topology; `in_process=True` runs the scheduler and executor in the caller.
@@ -11,10 +12,21 @@ import time
 from dataclasses import dataclass, field
 
 from engine.client.engine_client import EngineClient
+from engine.client.pooling import pooling_inputs, pooling_output, tokenize_inputs
+from engine.client.scoring import RankedDocument, cosine, rank_documents, score_pairs
 from engine.client.tokenizer import load_tokenizer
 from engine.config import EngineConfig
-from engine.outputs import CompletionOutput, RequestDelta, RequestOutput, TokenLogprobs
-from engine.sampling_params import SamplingParams
+from engine.outputs import (
+    CompletionOutput,
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    RequestDelta,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+    TokenLogprobs,
+)
+from engine.sampling_params import PoolingParams, SamplingParams
 from engine.structured_spec import validate as validate_structured_outputs
 
 
@@ -75,7 +87,10 @@ class LLM:
         return self.engine.call_sync("stop_profile")
 
     def get_default_sampling_params(self) -> SamplingParams:
-        return SamplingParams().resolved(self.engine.generation_defaults)
+        """The params of a generate() or chat() call that passes none: the engine's sampling defaults
+        (--generation-config, --override-generation-config), max_tokens 16 unless they set one (vLLM's)."""
+        defaults = self.engine.generation_defaults
+        return SamplingParams(max_tokens=defaults.get("max_tokens", 16)).resolved(defaults)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -108,6 +123,79 @@ class LLM:
             )
             requests.append(_Pending(text, self.tokenizer.encode(text, add_special_tokens=False), p))
         return self._run(requests, use_tqdm)
+
+    # ------------------------------------------------------------------ pooling models
+    def encode(self, prompts, pooling_params: PoolingParams | None = None, *,
+               truncate_prompt_tokens: int | None = None, use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+        """A pooling model's vector for each input: strings, token ids, lists of either, or
+        {"prompt_token_ids": [...]} dicts. An input over max_model_len is a ValueError unless
+        truncate_prompt_tokens (here or in pooling_params; -1: max_model_len) cuts it."""
+        self.engine.check_task(pooling=True)
+        params = pooling_params or PoolingParams()
+        truncate = params.truncate_prompt_tokens if truncate_prompt_tokens is None else truncate_prompt_tokens
+        prompts = tokenize_inputs(self.tokenizer, pooling_inputs(prompts), self.config.max_model_len, truncate)
+        return self._run_pooling(prompts, params, use_tqdm)
+
+    def embed(self, prompts, pooling_params: PoolingParams | None = None, *,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """Embeddings (lists of floats) of the inputs, in order; see encode() for the inputs."""
+        outputs = self.encode(prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
+                              use_tqdm=use_tqdm)
+        return [EmbeddingRequestOutput.from_base(output) for output in outputs]
+
+    def score(self, data_1, data_2, *, truncate_prompt_tokens: int | None = None,
+              pooling_params: PoolingParams | None = None, use_tqdm: bool = True) -> list[ScoringRequestOutput]:
+        """Cosine similarity of the embeddings of data_1's and data_2's texts, paired 1:1, 1:N or N:N."""
+        inputs_1, inputs_2 = pooling_inputs(data_1), pooling_inputs(data_2)
+        pairs = score_pairs(len(inputs_1), len(inputs_2))
+        outputs = self.encode([*inputs_1, *inputs_2], pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
+                              use_tqdm=use_tqdm)
+        first, second = outputs[: len(inputs_1)], outputs[len(inputs_1):]
+        return [ScoringRequestOutput(str(k), ScoringOutput(cosine(first[i].outputs.data, second[j].outputs.data)),
+                                     first[i].prompt_token_ids + second[j].prompt_token_ids)
+                for k, (i, j) in enumerate(pairs)]
+
+    def rerank(self, query, documents, *, top_n: int | None = None, truncate_prompt_tokens: int | None = None,
+               pooling_params: PoolingParams | None = None, use_tqdm: bool = True) -> list[RankedDocument]:
+        """The documents by their score against the query, best first (the first top_n of them)."""
+        rank_documents([], top_n)
+        scores = self.score(query, documents, truncate_prompt_tokens=truncate_prompt_tokens,
+                            pooling_params=pooling_params, use_tqdm=use_tqdm)
+        return rank_documents([s.outputs.score for s in scores], top_n)
+
+    def _run_pooling(self, prompts: list[list[int]], params: PoolingParams,
+                     use_tqdm: bool) -> list[PoolingRequestOutput]:
+        engine = self.engine
+        position: dict[str, int] = {}
+        try:
+            for i, prompt in enumerate(prompts):
+                request_id = str(next(self._ids))
+                engine.add_pooling_request(request_id, prompt, params)
+                position[request_id] = i
+        except BaseException:
+            for request_id in position:
+                engine.abort_request(request_id)
+            raise
+        results: list[PoolingRequestOutput | None] = [None] * len(prompts)
+        unfinished = set(position)
+        bar = _progress(len(prompts), use_tqdm)
+        try:
+            while unfinished:
+                for delta in engine.poll(timeout=1.0):
+                    if delta.finished and delta.request_id in unfinished:
+                        unfinished.discard(delta.request_id)
+                        i = position[delta.request_id]
+                        results[i] = pooling_output(delta.request_id, prompts[i], delta)
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for request_id in unfinished:
+                engine.abort_request(request_id)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return results
 
     def _run(self, requests: list[_Pending], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.engine

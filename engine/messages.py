@@ -26,7 +26,7 @@ from __future__ import annotations
 import msgspec
 
 from engine.outputs import FINISH_REASONS  # noqa: F401  (re-exported: the codes index it)
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import PoolingParams, SamplingParams
 from shm.codec import FLOAT32, INT32, INT64, Codec, pack, unpack  # noqa: F401  (re-exported)
 
 HANDLE = INT64     # request handles
@@ -50,6 +50,8 @@ class AddRequest(_Msg, tag="add"):
     arrival_time: float
     priority: int = 0                 # lower runs first under the priority policy (vLLM's convention)
     cache_salt: str | None = None
+    pooling: PoolingParams | None = None   # a pooling request (an embedding): it ends after its prompt with a
+                                           # vector, and `params` is a placeholder; only a pooling model takes it
 
 
 class AbortRequests(_Msg, tag="abort"):
@@ -71,6 +73,7 @@ class EngineReady(_Msg, tag="ready"):
     block_size: int
     max_model_len: int
     pids: dict[str, int]              # "scheduler", "executor0", ... -> pid
+    weight_bytes: dict[str, int] = msgspec.field(default_factory=dict)   # by GGUF type or dtype, all ranks
 
 
 class SchedulerStats(_Msg, tag="stats"):
@@ -118,6 +121,8 @@ class EngineOutputs(_Msg, tag="out"):
     timestamp: float
     stats: SchedulerStats
     errors: list[tuple[int, str]] = []   # (req, message) for each FINISH_ERROR in finished_reqs
+    pooled_reqs: bytes = b""          # int64: pooling requests that finished this step with a vector
+    pooled: bytes = b""               # float32 [len(pooled_reqs), hidden_size], parallel to pooled_reqs
 
 
 class ControlReply(_Msg, tag="reply"):
@@ -191,17 +196,21 @@ class ExecutorReady(_Msg, tag="ready"):
     rank: int
     num_blocks: int
     pid: int
+    weight_bytes: dict[str, int] = msgspec.field(default_factory=dict)   # this rank's, by type (the startup line)
 
 
 class ModelRunnerOutput(_Msg, tag="result"):
     step: int
     reqs: bytes                       # int64: requests that sampled a token (prefill chunks that end
                                       # before the prompt's end sample nothing)
-    sampled_token_ids: bytes          # int32, parallel to reqs (or to num_sampled's counts, flattened)
+    sampled_token_ids: bytes          # int32, parallel to reqs (or to num_sampled's counts, flattened; empty
+                                      # for a pooling model)
     logprobs: list[RequestLogprobs]
     prompt_logprobs: list[RequestLogprobs]
     # speculative decoding: int32 per req, how many tokens it produced (accepted drafts + 1); empty: one each
     num_sampled: bytes = b""
+    pooled: bytes = b""               # a pooling model: float32 [len(reqs), hidden_size], one vector per
+                                      # request that reached the end of its prompt
 
 
 class ExecutorReply(_Msg, tag="reply"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,15 +20,17 @@ import sys
 import threading
 from collections.abc import Callable
 
+from engine.config import LOG_FORMAT
 from shm.wait import PeerDiedError
 
 PR_SET_PDEATHSIG = 1
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def spawn(module: str, args: dict, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(module: str, args: dict, env: dict[str, str] | None = None, pipes: bool = False) -> subprocess.Popen:
     """Start `python -m module` with `args` (JSON-encodable) as its single argument; `env` adds to (or
-    overrides) the environment it inherits (CUDA_VISIBLE_DEVICES for a data-parallel rank)."""
+    overrides) the environment it inherits (CUDA_VISIBLE_DEVICES for a data-parallel rank); `pipes`: talk to
+    it over its stdin and stdout (binary pipes) instead of shared memory."""
     args = dict(args, parent_pid=os.getpid(),
                 pdeathsig=threading.current_thread() is threading.main_thread())
     env = dict(os.environ, **(env or {}))
@@ -36,7 +39,8 @@ def spawn(module: str, args: dict, env: dict[str, str] | None = None) -> subproc
         env["PYTHONPATH"] = _REPO_ROOT + (os.pathsep + path if path else "")
     return subprocess.Popen(
         [sys.executable, "-m", module, json.dumps(args)],
-        stdin=subprocess.DEVNULL, env=env, close_fds=True,
+        stdin=subprocess.PIPE if pipes else subprocess.DEVNULL, stdout=subprocess.PIPE if pipes else None,
+        env=env, close_fds=True,
     )
 
 
@@ -49,6 +53,12 @@ def child_args() -> dict:
     if os.getppid() != args["parent_pid"]:        # the parent died before prctl took effect
         os._exit(1)
     return args
+
+
+def configure_logging(level: str) -> None:
+    """A child's log lines (its startup notes, chiefly) go to the stderr it shares with the frontend, in the
+    frontend's format and at its level (EngineConfig.log_level)."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
 def parent_check(parent_pid: int, name: str) -> Callable[[], None]:
@@ -89,6 +99,30 @@ def kill(popens: list[subprocess.Popen]) -> None:
             p.kill()
     for p in popens:
         p.wait()
+
+
+def children(pid: int) -> list[int]:
+    """The live (not zombie) child processes of `pid`, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (a server's scheduler and executors), from /proc."""
+    out = []
+    for child in children(pid):
+        out += [child, *descendants(child)]
+    return out
 
 
 def error_text(exc: BaseException, limit: int = 2000) -> str:

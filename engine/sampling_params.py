@@ -1,4 +1,4 @@
-"""SamplingParams: how one request is sampled and when it stops.
+"""SamplingParams: how one request is sampled and when it stops; PoolingParams: what a pooling request asks.
 
 Field names and meanings follow vLLM's. The struct crosses process boundaries as msgpack, so it is a
 msgspec Struct; it validates itself on construction and every error names the field. Fields that a model's
@@ -297,3 +297,27 @@ def _num(name: str, value, *, low: float | None, high: float | None = None, opti
         raise ValueError(f"{name} must be {bound} {low}, got {value}")
     if high is not None and value > high:
         raise ValueError(f"{name} must be at most {high}, got {value}")
+
+
+class PoolingParams(msgspec.Struct, kw_only=True, array_like=True, omit_defaults=False):
+    """What a pooling request (an embedding) asks for, with vLLM's names.
+
+    The engine pools the model's hidden states into one float32 vector per request (engine/models/
+    pooler_config.py says how); what happens to it afterwards is per request and done by the client:
+    `dimensions` keeps the first d components (Matryoshka models only), `normalize` L2-normalizes what is kept
+    (default: the model's own Normalize module). `truncate_prompt_tokens` applies when the prompt is
+    tokenized: -1 truncates to the model's max length, k to k tokens; without it a longer prompt is an error.
+    """
+
+    truncate_prompt_tokens: int | None = None
+    dimensions: int | None = None
+    normalize: bool | None = None
+
+    def __post_init__(self) -> None:
+        t = self.truncate_prompt_tokens
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or (t < 1 and t != -1)):
+            raise ValueError(f"truncate_prompt_tokens must be -1 (the model's max length) or a positive "
+                             f"integer, got {t!r}")
+        d = self.dimensions
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
+            raise ValueError(f"dimensions must be a positive integer, got {d!r}")

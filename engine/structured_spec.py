@@ -14,6 +14,7 @@ loads it only when the first structured request arrives.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -35,6 +36,13 @@ SUPPORTED_FORMATS = frozenset({
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
 _DATA = frozenset({"enum", "const", "default", "examples", "required", "title", "description", "$comment"})
 _BACKEND_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+XGRAMMAR_INSTALL = "pip install --no-deps xgrammar==0.2.8"
+XGRAMMAR_MISSING = (f"structured outputs and forced tool calls need xgrammar, which is not installed: "
+                    f"{XGRAMMAR_INSTALL} (its triton dependency is for GPUs only)")
+
+
+def xgrammar_installed() -> bool:
+    return importlib.util.find_spec("xgrammar") is not None
 
 
 def words_per_row(vocab_size: int) -> int:
@@ -65,10 +73,9 @@ def grammar_sample_rows(grammar: GrammarRows, sample_positions: np.ndarray,
     return bitmask, index
 
 
-def unsupported_schema_features(schema) -> list[str]:
-    """The keywords (and string formats) of a JSON schema that xgrammar would ignore, walking it
-    iteratively; property names that happen to equal a keyword are not mistaken for one."""
-    found: list[str] = []
+def _keywords(schema):
+    """(keyword, value) of every node of a JSON schema, walked iteratively: property names (the keys of
+    `properties`, `$defs`, ...) and data (`enum`, `const`, `default`, ...) are not taken for keywords."""
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -78,15 +85,35 @@ def unsupported_schema_features(schema) -> list[str]:
         if not isinstance(node, dict):
             continue
         for key, value in node.items():
-            if key in UNSUPPORTED_KEYWORDS:
-                found.append(key)
-            elif key == "format" and isinstance(value, str) and value not in SUPPORTED_FORMATS:
-                found.append(f"format {value!r}")
-            elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            yield key, value
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
                 stack.extend(value.values())
             elif key not in _DATA:
                 stack.append(value)
-    return sorted(set(found))
+
+
+def unsupported_schema_features(schema) -> list[str]:
+    """The keywords (and string formats) of a JSON schema that xgrammar would ignore."""
+    found = {key for key, _ in _keywords(schema) if key in UNSUPPORTED_KEYWORDS}
+    found.update(f"format {value!r}" for key, value in _keywords(schema)
+                 if key == "format" and isinstance(value, str) and value not in SUPPORTED_FORMATS)
+    return sorted(found)
+
+
+def external_refs(document) -> list[str]:
+    """The `$ref`s of a schema (or of a structural tag's embedded schemas) that point outside the document:
+    xgrammar would not fetch them and would silently allow any JSON there. References into the document
+    itself ("#", "#/$defs/...") are fine."""
+    return sorted({value for key, value in _keywords(document)
+                   if key == "$ref" and isinstance(value, str) and not value.startswith("#")})
+
+
+def _refuse_external_refs(name: str, document) -> None:
+    refs = external_refs(document)
+    if refs:
+        shown = ", ".join(repr(ref[:200]) for ref in refs[:3])
+        raise ValueError(f"{name}: the schema refers to another document ($ref {shown}); only references "
+                         "inside the schema itself (\"#\", \"#/$defs/...\") are supported")
 
 
 def with_closed_objects(schema):
@@ -116,8 +143,12 @@ def _document(value) -> object:
 
 
 def to_grammar(so: StructuredOutputsParams):
-    """The xgrammar Grammar of a constraint. Raises ValueError naming the field when the backend refuses it."""
-    import xgrammar as xgr
+    """The xgrammar Grammar of a constraint. Raises ValueError naming the field when the backend refuses it,
+    or when it is not installed."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise ValueError(f"structured_outputs: {XGRAMMAR_MISSING}") from None
 
     kind = so.kind
     name = f"structured_outputs.{kind}"
@@ -125,6 +156,7 @@ def to_grammar(so: StructuredOutputsParams):
         if kind in ("json", "json_object"):
             schema = {"type": "object"} if kind == "json_object" else _document(so.json)
             if kind == "json":
+                _refuse_external_refs(name, schema)
                 bad = unsupported_schema_features(schema)
                 if bad:
                     raise ValueError(f"{name}: the JSON schema uses features the grammar backend (xgrammar) "
@@ -143,6 +175,7 @@ def to_grammar(so: StructuredOutputsParams):
                                  "rule); Lark grammars are not supported")
             return xgr.Grammar.from_ebnf(so.grammar)
         tag = _document(so.structural_tag)
+        _refuse_external_refs(name, tag)
         if isinstance(tag, dict) and "structures" in tag:     # the legacy {structures, triggers} form
             items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
                      for s in tag["structures"]]

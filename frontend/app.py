@@ -1,4 +1,5 @@
-"""create_app: the starlette application over an engine client (routes, middleware, handlers).
+"""create_app: the starlette application over an engine client: each API package's handlers on their routes
+(openai/, anthropic/, responses/), the small routes, the middleware.
 
 Building the app starts nothing; the busy-log task runs in the app's lifespan, i.e. while a server runs it.
 """
@@ -8,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 from starlette.applications import Starlette
@@ -19,45 +21,54 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from engine.client.tokenizer import load_tokenizer, model_generation_defaults
+from engine.client.base import AsyncEngine
+from engine.client.token_bounds import max_chars_per_token
+from engine.client.tokenizer import load_tokenizer
 from engine.outputs import EngineDeadError
 from frontend import version
-from frontend.chat_template import ChatTemplate
+from frontend.anthropic.messages import AnthropicServingMessages
+from frontend.chat.template import ChatTemplate
 from frontend.config import ServerConfig
 from frontend.errors import ApiError, error_response, from_engine_error
-from frontend.logprobs import TokenStrings
-from frontend.metrics import CONTENT_TYPE, ServerMetrics, log_stats_periodically
+from frontend.http_responses import json_response
+from frontend.metrics import CONTENT_TYPE, RequestEventLog, ServerMetrics, log_stats_periodically
 from frontend.middleware import ServerMiddleware
+from frontend.openai.chat import OpenAIServingChat
+from frontend.openai.completions import OpenAIServingCompletion
+from frontend.openai.logprobs import TokenStrings
+from frontend.openai.models import OpenAIServingModels
+from frontend.openai.tokenize import OpenAIServingTokenization
 from frontend.openapi import openapi_document
-from frontend.profiling import RequestEventLog
-from frontend.responses import json_response
-from frontend.serving_chat import OpenAIServingChat
-from frontend.serving_completions import OpenAIServingCompletion
+from frontend.responses.handlers import OpenAIServingResponses
 from frontend.serving_engine import ServingContext
-from frontend.serving_messages import AnthropicServingMessages
-from frontend.serving_responses import OpenAIServingResponses
-from frontend.serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger("ringserve.server")
+TOKENIZER_THREADS = 2       # long prompts tokenized at once (each holds memory in proportion to its length)
 
 
-def create_app(engine_client, config: ServerConfig) -> Starlette:
+def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
     """The OpenAI-compatible app over a started engine client. `app.state.ctx` holds the shared state."""
     engine_config = engine_client.config
     tokenizer = load_tokenizer(engine_config)
     metrics = ServerMetrics(engine_client, engine_config.model_name)
+    chars_per_token = max_chars_per_token(tokenizer)
     ctx = ServingContext(
         engine=engine_client, config=config, tokenizer=tokenizer, model_name=engine_config.model_name,
         max_model_len=engine_client.max_model_len, vocab_size=engine_config.vocab_size,
-        max_logprobs=engine_config.max_logprobs, generation_defaults=model_generation_defaults(engine_config),
+        max_logprobs=engine_config.max_logprobs, generation_defaults=engine_config.sampling_defaults.values,
         metrics=metrics, events=RequestEventLog(), token_strings=TokenStrings(tokenizer),
         chat_template=ChatTemplate.for_tokenizer(tokenizer, config.chat_template),
+        chars_per_token=chars_per_token,
+        max_prompt_chars=chars_per_token * engine_client.max_model_len if chars_per_token else None,
+        local_paths=local_paths(engine_config),
+        tokenizer_pool=ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="ringserve-tokenize"),
     )
     completions = OpenAIServingCompletion(ctx)
     chat = OpenAIServingChat(ctx)
     tokenization = OpenAIServingTokenization(ctx)
     messages = AnthropicServingMessages(ctx)
     responses = OpenAIServingResponses(ctx)
+    models = OpenAIServingModels(ctx)
     handlers = _Handlers(ctx)
     routes = [
         Route("/v1/completions", completions.create_completion, methods=["POST"]),
@@ -67,7 +78,7 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
         Route("/v1/responses", responses.create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete_response, methods=["DELETE"]),
-        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
         Route("/metrics", handlers.metrics, methods=["GET"]),
         Route("/version", handlers.version, methods=["GET"]),
@@ -81,7 +92,9 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
     if config.allowed_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_methods=["*"],
                                      allow_headers=["*"], expose_headers=["x-request-id"]))
-    middleware.append(Middleware(ServerMiddleware, api_key=config.api_key, max_header_bytes=config.max_header_bytes))
+    middleware.append(Middleware(ServerMiddleware, api_keys=config.api_keys, max_header_bytes=config.max_header_bytes,
+                                 listen_host=config.host, allowed_hosts=config.allowed_hosts,
+                                 max_concurrent_requests=config.max_concurrent_requests))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -96,6 +109,7 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             ctx.events.stop()
+            ctx.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers={
         ApiError: _api_error, EngineDeadError: _engine_error, HTTPException: _http_error, Exception: _internal_error,
@@ -104,12 +118,25 @@ def create_app(engine_client, config: ServerConfig) -> Starlette:
     return app
 
 
+def local_paths(config) -> dict[str, str]:
+    """The model's and tokenizer's files and directories on this machine, each mapped to what an error
+    message may show instead: the served model's name."""
+    name = config.model_name
+    paths = {}
+    for path in (config.model, config.tokenizer_path):
+        if path and os.path.isabs(path):
+            paths[path] = name
+            parent = os.path.dirname(path)
+            if os.path.isfile(path) and parent != "/":
+                paths[parent] = name
+    return paths
+
+
 class _Handlers:
-    """The small routes: health, models, metrics, version, profiling, the OpenAPI document."""
+    """The small routes: health, metrics, version, profiling, the OpenAPI document."""
 
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
-        self.created = int(time.time())
         self._openapi = orjson.dumps(openapi_document(version(), ctx.model_name))
 
     async def health(self, request: Request) -> Response:
@@ -118,12 +145,6 @@ class _Handlers:
             return error_response(ApiError(503, f"the engine is not running: {engine.dead_error}"),
                                   path=request.url.path)
         return Response(status_code=200)
-
-    async def models(self, request: Request) -> Response:
-        ctx = self.ctx
-        card = {"id": ctx.model_name, "object": "model", "created": self.created, "owned_by": "ringserve",
-                "root": ctx.engine.config.model, "parent": None, "max_model_len": ctx.max_model_len}
-        return json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request: Request) -> Response:
         return Response(self.ctx.metrics.render(), media_type=CONTENT_TYPE)
@@ -161,7 +182,7 @@ async def _api_error(request: Request, exc: ApiError) -> Response:
 
 
 async def _engine_error(request: Request, exc: EngineDeadError) -> Response:
-    return error_response(from_engine_error(exc), path=request.url.path)
+    return error_response(from_engine_error(exc, request.app.state.ctx.local_paths), path=request.url.path)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

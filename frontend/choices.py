@@ -1,23 +1,17 @@
-"""One engine request of an API request (a "choice"): its stream, text, stop strings, timings and outcome.
+"""One engine request of an API request (a "choice"): its text, stop strings, timings and outcome.
 
 An API request with n samples (or several prompts) becomes several engine requests, one per choice, each
-with its own id and params. `stream_choice` drives one engine stream through the choice's detokenizer and
-ends it early when a stop string matches (closing the engine stream aborts the request there);
-`merge_streams` interleaves several choices' streams as their steps arrive.
+with its own id and params. The runner (frontend/runner.py) feeds each engine step to `Choice.process`,
+which detokenizes it, finds stop strings (the runner then ends the engine request early) and records the
+request's metrics and profile events.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-
 from engine.client.detokenizer import Detokenizer
 from engine.outputs import RequestDelta, TokenLogprobs
 from engine.sampling_params import SamplingParams
-from frontend.metrics import ServerMetrics
-from frontend.profiling import RequestEventLog
-
-ChoiceEvent = tuple["Choice", str, RequestDelta]
+from frontend.metrics import RequestEventLog, ServerMetrics
 
 
 class Choice:
@@ -130,58 +124,3 @@ class Choice:
     @property
     def text(self) -> str:
         return "".join(self.texts or ())
-
-
-async def stream_choice(engine, choice: Choice, *, priority: int = 0, cache_salt: str | None = None,
-                        data_parallel_rank: int | None = None) -> AsyncIterator[ChoiceEvent]:
-    """(choice, new text, delta) per engine step until the choice finishes; closing it aborts the request."""
-    stream = engine.generate(choice.request_id, choice.prompt_token_ids, choice.params, priority=priority,
-                             cache_salt=cache_salt, arrival_time=choice.arrival_time,
-                             data_parallel_rank=data_parallel_rank)
-    rejected = False
-    try:
-        async for delta in stream:
-            if delta.finish_reason == "error":      # this request alone failed in the engine (its grammar)
-                choice.process(delta)
-                raise ValueError(delta.error or "the request failed in the engine")
-            text = choice.process(delta)
-            yield choice, text, delta
-            if choice.finish_reason is not None:
-                return
-    except ValueError:
-        rejected = True           # the engine refused the request: it never ran, so it is no abort
-        raise
-    finally:
-        await stream.aclose()     # aborts the engine request unless it already finished
-        if choice.finish_reason is None and not rejected:
-            choice.finish("abort")
-
-
-async def merge_streams(streams: list[AsyncIterator[ChoiceEvent]]) -> AsyncIterator[ChoiceEvent]:
-    """Interleave several choices' events in arrival order; one task per stream (only for n > 1)."""
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(stream: AsyncIterator[ChoiceEvent]) -> None:
-        try:
-            async for event in stream:
-                queue.put_nowait(event)
-            queue.put_nowait(done)
-        except Exception as e:     # handed to the consumer, which raises it
-            queue.put_nowait(e)
-
-    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

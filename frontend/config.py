@@ -16,8 +16,13 @@ MiB = 1 << 20
 class ServerConfig(msgspec.Struct, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None               # when set, every route but /health needs "Bearer <key>"
+    api_key: str | list[str] | None = None   # when set, every route but /health needs "Bearer <key>" (one of
+                                             # them); with several, each key has its own Responses store
     allowed_origins: list[str] = []          # CORS; empty: no CORS headers at all
+    allowed_hosts: list[str] = []            # Host names accepted besides loopback ones (DNS rebinding);
+                                             # a server on a non-loopback address accepts any unless set
+    body_read_timeout: float = 30.0          # seconds a client has to send a whole request body
+    max_concurrent_requests: int = 1024      # HTTP requests in progress; more get 503 (/health excepted)
     chat_template: str | None = None         # a file path or the template itself; default: the tokenizer's
     shutdown_timeout: float = 5.0            # seconds in-flight requests may finish after SIGTERM
     enable_access_log: bool = False
@@ -39,6 +44,12 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     default_chat_template_kwargs: dict = {}  # under each request's chat_template_kwargs
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
 
+    @property
+    def api_keys(self) -> list[str]:
+        if self.api_key is None:
+            return []
+        return [self.api_key] if isinstance(self.api_key, str) else list(self.api_key)
+
     def validate(self) -> ServerConfig:
         """Check the server's own options (the engine's are checked by EngineConfig.finalize)."""
         if not 0 <= self.port <= 65535:
@@ -47,13 +58,14 @@ class ServerConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}; got {self.log_level!r}")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
-        for name in ("max_request_body_bytes", "max_header_bytes", "responses_store_ttl"):
+        for name in ("max_request_body_bytes", "max_header_bytes", "responses_store_ttl", "body_read_timeout",
+                     "max_concurrent_requests"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("responses_store_max_entries", "responses_store_max_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.api_key == "":
+        if "" in self.api_keys or (isinstance(self.api_key, list) and not self.api_key):
             raise ConfigError("api_key must not be empty")
         for name, allowed in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
             value = getattr(self, name)

@@ -4,12 +4,14 @@ expect {"type": "error", "error": {"type", "message"}}."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import msgspec
 import orjson
 from starlette.responses import Response
 
+from engine.errors import EngineBusyError
 from engine.outputs import EngineDeadError
 
 # msgspec locates a bad value as "... - at `$.messages[0].content`"; the param is what follows "$.".
@@ -19,9 +21,13 @@ _MISSING = re.compile(r"missing required field `([^`]*)`")
 ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowed",
+    408: "RequestTimeoutError",
     413: "RequestTooLargeError",
+    415: "UnsupportedMediaTypeError",
+    429: "RateLimitError",
     431: "RequestHeaderFieldsTooLargeError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
@@ -40,13 +46,23 @@ ANTHROPIC_PATH = "/v1/messages"
 
 
 class ApiError(Exception):
-    """A request the server refuses; `param` names the offending request field when there is one."""
+    """A request the server refuses; `param` names the offending request field when there is one;
+    `retry_after`: seconds after which the same request may succeed (sent as Retry-After)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, retry_after: float | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The ASGI headers of its JSON response."""
+        headers = [(b"content-type", b"application/json")]
+        if self.retry_after is not None:
+            headers.append((b"retry-after", str(math.ceil(self.retry_after)).encode()))
+        return headers
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:
@@ -80,9 +96,11 @@ def error_body_for(path: str, status: int, message: str, param: str | None = Non
 def error_response(error: ApiError, *, body_unread: bool = False, path: str = "") -> Response:
     """body_unread: the request body was not (fully) read, so the connection must not carry another
     request (the client would race the server's half-read stream); "connection: close" says so."""
-    headers = {"connection": "close"} if body_unread or error.status == 413 else None
+    headers = {"connection": "close"} if body_unread or error.status in (408, 413) else {}
+    if error.retry_after is not None:
+        headers["retry-after"] = str(math.ceil(error.retry_after))
     return Response(orjson.dumps(error_body_for(path, error.status, error.message, error.param)),
-                    status_code=error.status, media_type="application/json", headers=headers)
+                    status_code=error.status, media_type="application/json", headers=headers or None)
 
 
 def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
@@ -100,10 +118,22 @@ def from_validation_error(error: msgspec.ValidationError | msgspec.DecodeError) 
     return invalid(f"{message} (param {param})" if param else message, param)
 
 
-def from_engine_error(error: Exception) -> ApiError:
-    """What the engine raised for one request, as the status it deserves."""
+def from_engine_error(error: Exception, local_paths: dict[str, str] | None = None) -> ApiError:
+    """What the engine raised for one request, as the status it deserves. `local_paths` maps paths on
+    this machine (the model file, its directory) to what the client may see instead (the model's name):
+    an engine's error text may name files, and clients have no business knowing where they live."""
     if isinstance(error, EngineDeadError):
-        return ApiError(503, f"the engine is not running: {error}")
+        return ApiError(503, f"the engine is not running: {hide_paths(str(error), local_paths)}")
+    if isinstance(error, EngineBusyError):
+        return ApiError(503, hide_paths(str(error), local_paths), retry_after=error.retry_after)
     if isinstance(error, ValueError):
-        return invalid(str(error))
-    return ApiError(500, f"internal error: {type(error).__name__}: {error}")
+        return invalid(hide_paths(str(error), local_paths))
+    return ApiError(500, f"internal error: {type(error).__name__}: {hide_paths(str(error), local_paths)}")
+
+
+def hide_paths(text: str, local_paths: dict[str, str] | None) -> str:
+    """`text` with each local path replaced by its public name, longest path first."""
+    for path in sorted(local_paths or (), key=len, reverse=True):
+        if path in text:
+            text = text.replace(path, local_paths[path])
+    return text

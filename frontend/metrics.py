@@ -1,4 +1,5 @@
-"""Prometheus metrics under the `ringserve:` prefix, with vLLM's names and meanings, and the busy-log line.
+"""Prometheus metrics under the `ringserve:` prefix, with vLLM's names and meanings, the busy-log line, and the
+request-event log of a profile.
 
 Each app has its own CollectorRegistry (two apps in one process do not share counters). The scheduler's
 numbers (running, waiting, KV use, prefix-cache counters, preemptions) are read from the engine's latest
@@ -6,13 +7,22 @@ stats at scrape time, one series per engine with vLLM's labels (`model_name`, `e
 rank), as routers read them (the Gateway API Inference Extension's model-server protocol: queued,
 running, KV-cache utilization, and `cache_config_info{block_size, num_gpu_blocks}`); token counters are plain ints bumped on the hot path and exported by the same
 collector; latency histograms are observed per request and, for inter-token latency, per step.
+
+Profiling on demand (RequestEventLog): POST /start_profile asks the engine (client.call("start_profile",
+dir=...)) to start its torch profilers and opens a JSON-lines file of request-level events in the same
+directory; POST /stop_profile stops both. Events are written per request (arrival and finish with its phase
+timestamps), never per token. Times are time.monotonic(), the clock of every process on the machine; the
+first line maps it to wall-clock time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+
+import orjson
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -150,7 +160,9 @@ def _spec_decode_metrics(model_name: str, each: list):
 
 
 async def log_stats_periodically(metrics: ServerMetrics, interval: float) -> None:
-    """Every `interval` seconds while there is work: running/waiting, KV use and token throughput."""
+    """Every `interval` seconds while there is work: running/waiting, KV use and token throughput. Nothing
+    once the engine is dead: its last figures would describe requests that have failed (the death itself is
+    logged once, as an error, by the engine client)."""
     last_time = time.monotonic()
     last_prompt, last_generation = metrics.prompt_tokens, metrics.generation_tokens
     while True:
@@ -159,6 +171,8 @@ async def log_stats_periodically(metrics: ServerMetrics, interval: float) -> Non
         stats = metrics.engine.stats
         prompt, generation = metrics.prompt_tokens, metrics.generation_tokens
         busy = stats.num_running or stats.num_waiting or prompt != last_prompt or generation != last_generation
+        if metrics.engine.is_dead:
+            busy = False
         if busy:
             elapsed = max(now - last_time, 1e-9)
             hit_rate = stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else 0.0
@@ -169,3 +183,33 @@ async def log_stats_periodically(metrics: ServerMetrics, interval: float) -> Non
                 (prompt - last_prompt) / elapsed, (generation - last_generation) / elapsed,
             )
         last_time, last_prompt, last_generation = now, prompt, generation
+
+
+class RequestEventLog:
+    """Appends one JSON line per request event while a profile is running."""
+
+    def __init__(self) -> None:
+        self._file = None
+        self.path: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._file is not None
+
+    def start(self, directory: str) -> str:
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, f"frontend-requests-{os.getpid()}-{time.time_ns()}.jsonl")
+        self._file = open(self.path, "wb")
+        self.record({"event": "profile_start", "monotonic": time.monotonic(), "wall": time.time()})
+        return self.path
+
+    def record(self, event: dict) -> None:
+        if self._file is not None:
+            self._file.write(orjson.dumps(event) + b"\n")
+
+    def stop(self) -> str | None:
+        if self._file is not None:
+            self.record({"event": "profile_stop", "monotonic": time.monotonic(), "wall": time.time()})
+            self._file.close()
+            self._file = None
+        return self.path

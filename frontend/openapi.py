@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from frontend.anthropic_protocol import CountTokensRequest, MessagesRequest
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from frontend.responses_protocol import ResponsesRequest
+from frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
+from frontend.chat.protocol import ChatCompletionRequest
+from frontend.openai.protocol import CompletionRequest, DetokenizeRequest, TokenizeRequest
+from frontend.responses.protocol import ResponsesRequest
 
 REF = "#/components/schemas/{name}"
 

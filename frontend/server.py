@@ -2,8 +2,11 @@
 
 The listening socket is bound first (a taken port fails in a second, not after a minute of weight
 loading), then the engine starts in a thread while the event loop stays responsive to signals, then
-hypercorn serves. SIGTERM or SIGINT stops accepting, gives in-flight requests `shutdown_timeout` seconds,
-cancels the rest (which aborts them in the engine), stops the engine and returns normally (exit 0).
+hypercorn serves. SIGTERM or SIGINT stops accepting and gives in-flight requests `shutdown_timeout`
+seconds; then every unfinished engine request fails with an error its handler reports as it would an
+engine's death (a stream ends with an error event, and [DONE] for OpenAI streams; a waiting request gets
+a 503), so that no client sees a connection cut mid-body; hypercorn waits SHUTDOWN_GRACE_S more for those
+answers to go out. Then the engine stops and the server returns normally (exit 0).
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import threading
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
+from engine.errors import EngineDeadError
 from frontend.app import create_app
 from frontend.config import ServerConfig
+from frontend.startup import configure_logging, note, ready_line
 
 logger = logging.getLogger("ringserve.server")
+SHUTDOWN_GRACE_S = 3.0      # after --shutdown-timeout: time for the unfinished requests' error answers
 
 
 def launch_server(config: ServerConfig, engine_client=None) -> None:
@@ -29,11 +35,6 @@ def launch_server(config: ServerConfig, engine_client=None) -> None:
     config.validate()
     configure_logging(config.log_level)
     asyncio.run(_serve(config, engine_client))
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("ringserve").setLevel(level.upper())
 
 
 async def _serve(config: ServerConfig, engine_client) -> None:
@@ -48,13 +49,22 @@ async def _serve(config: ServerConfig, engine_client) -> None:
 
             engine_client = make_engine_client(config.engine)
         try:
+            engine = engine_client.config
+            note("starting the engine: a scheduler and %d executor process(es) on %s",
+                 engine.tensor_parallel_size * engine.data_parallel_size, engine.resolved_device)
             if not await _start_engine(engine_client, stop):
                 logger.info("stopped while the engine was starting")
                 return
+            note("loading the tokenizer and chat template")
             app = create_app(engine_client, config)
             host, port = sock.getsockname()[:2]
-            logger.info("serving %s on http://%s:%d", engine_client.config.model_name, host, port)
-            await serve(app, hypercorn_config(config, sock.detach()), shutdown_trigger=stop.wait)
+            url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+            logger.info("%s", ready_line(engine_client, url, getattr(app.state, "web_page_path", None)))
+            expire = asyncio.ensure_future(_fail_unfinished_after(stop, engine_client, config.shutdown_timeout))
+            try:
+                await serve(app, hypercorn_config(config, sock.detach()), shutdown_trigger=stop.wait)
+            finally:
+                expire.cancel()
             logger.info("stopped serving; shutting the engine down")
         finally:
             await engine_client.shutdown()
@@ -62,6 +72,16 @@ async def _serve(config: ServerConfig, engine_client) -> None:
         sock.close()     # a no-op once hypercorn owns the descriptor
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+async def _fail_unfinished_after(stop: asyncio.Event, engine_client, timeout: float) -> None:
+    await stop.wait()
+    await asyncio.sleep(timeout)
+    if engine_client.num_unfinished:
+        logger.info("%d requests did not finish within --shutdown-timeout (%g s); ending them",
+                    engine_client.num_unfinished, timeout)
+    engine_client.fail_unfinished(EngineDeadError(
+        f"the server shut down before this request finished (--shutdown-timeout {timeout:g} s)"))
 
 
 async def _start_engine(engine_client, stop: asyncio.Event) -> bool:
@@ -113,7 +133,7 @@ def hypercorn_config(config: ServerConfig, fd: int) -> HypercornConfig:
     """Hypercorn's settings for serving on the listening socket `fd` (which hypercorn then owns)."""
     settings = HypercornConfig()
     settings.bind = [f"fd://{fd}"]
-    settings.graceful_timeout = config.shutdown_timeout
+    settings.graceful_timeout = config.shutdown_timeout + SHUTDOWN_GRACE_S
     # Our loggers, so hypercorn's lines go through the one root handler (no second stderr handler).
     settings.errorlog = logging.getLogger("hypercorn.error")
     settings.accesslog = logging.getLogger("hypercorn.access") if config.enable_access_log else None

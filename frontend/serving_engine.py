@@ -1,53 +1,44 @@
-"""What the completions and chat handlers share: reading and checking a request, building sampling params
-and choices, and running the response (SSE stream or one JSON body) against the engine.
+"""What every API handler shares: reading and checking a request, its sampling params and choices, and
+the Run that takes them through the engine (frontend/runner.py), which each API writes in its own shape.
 
-Subclasses say how their chunks and bodies look (`_chunk`, `_response_body`, `_prelude`); the streaming
-loop here is the per-token hot path: a text-only step costs one prebuilt-bytes join and one `send`.
+`OpenAIServing` (vLLM's name for the shared handler base) is the base of every API's handlers;
+`ServingContext` is the state they share, built once by create_app.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
-import orjson
 from starlette.requests import ClientDisconnect, Request
-from starlette.types import Send
 
+from engine.client.base import AsyncEngine
 from engine.client.detokenizer import Detokenizer, backend_tokenizer
-from engine.outputs import RequestDelta
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
-from frontend.chat_template import ChatTemplate, template_messages
-from frontend.choices import Choice, ChoiceEvent, merge_streams, stream_choice
+from frontend.chat.protocol import MAX_CHOICES, SamplingRequest
+from frontend.chat.template import ChatTemplate
+from frontend.choices import Choice
 from frontend.config import ServerConfig
-from frontend.errors import ApiError, error_body, from_engine_error, from_validation_error, invalid
-from frontend.logprobs import TokenStrings
-from frontend.metrics import ServerMetrics
-from frontend.profiling import RequestEventLog
-from frontend.protocol import MAX_CHOICES, ChatCompletionRequest, SamplingRequest, TokenizeRequest
-from frontend.responses import JSON_HEADERS, SSE_DONE, SSE_HEADERS, DisconnectAwareResponse, sse_event
-
-logger = logging.getLogger("ringserve.serving")
+from frontend.errors import ApiError, from_validation_error, invalid
+from frontend.metrics import RequestEventLog, ServerMetrics
+from frontend.prompts import PromptPreparation
+from frontend.runner import OutputParser, Run
 
 T = TypeVar("T")
 _FIELD = re.compile(r"[a-z_]+")
-_INLINE_TOKENIZE_CHARS = 8192
-_TEXT_PROBE = "\x00"                       # stands in for a chunk's text to split it into prebuilt parts
-_TEXT_PROBE_JSON = orjson.dumps(_TEXT_PROBE)
 
 
 @dataclass(slots=True)
 class ServingContext:
     """Everything the handlers share, built once by create_app."""
 
-    engine: object
+    engine: AsyncEngine
     config: ServerConfig
     tokenizer: object
     model_name: str
@@ -57,41 +48,21 @@ class ServingContext:
     generation_defaults: dict
     metrics: ServerMetrics
     events: RequestEventLog
-    token_strings: TokenStrings
+    token_strings: Callable[[int], str]     # token id -> its text alone, cached (logprobs, /tokenize)
     chat_template: ChatTemplate | None
+    max_prompt_chars: int | None = None     # a prompt longer than this is certain to exceed max_model_len
+    chars_per_token: int | None = None      # the most characters one token covers (engine/client/token_bounds)
+    local_paths: dict[str, str] | None = None   # local paths engine errors may name -> what clients see
+    tokenizer_pool: ThreadPoolExecutor | None = None   # where long texts are tokenized, a few at a time
 
 
-@dataclass(slots=True)
-class GenerationJob:
-    """One API request on its way through the engine."""
-
-    response_id: str
-    created: int
-    choices: list[Choice]
-    prompt_tokens: int                      # usage: each prompt counted once, whatever n is
-    stream: bool
-    include_usage: bool
-    logprobs: int | None                    # per-token logprobs asked for (None: not asked)
-    priority: int = 0
-    cache_salt: str | None = None
-    echo: bool = False
-    prompt_logprobs: bool = False           # vLLM's prompt_logprobs asked for (shown in the response)
-    data_parallel_rank: int | None = None   # X-data-parallel-rank: the engine this request is pinned to
-    structured: str | None = None           # the field of its grammar constraint, if any: a stream then
-                                            # holds its headers for the first event, so that a grammar the
-                                            # engine fails on (a compile past its deadline) is still a 400
-    output_parsers: list | None = None      # chat: per choice, reasoning and tool-call parsing (chat_output)
-    chat_output: object = None              # chat: the ChatOutputOptions those parsers share
-
-
-class OpenAIServing:
-    object_name = ""                        # "text_completion", "chat.completion.chunk", ...
-
+class OpenAIServing(PromptPreparation):
     def __init__(self, ctx: ServingContext):
         self.ctx = ctx
         self.engine = ctx.engine
         backend = backend_tokenizer(ctx.tokenizer)
         self._encode = backend.encode
+        self._encode_batch = backend.encode_batch
         self._decode = backend.decode
 
     # ------------------------------------------------------------------ reading and checking requests
@@ -101,19 +72,18 @@ class OpenAIServing:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-        chunks, size = [], 0
+        timeout = self.ctx.config.body_read_timeout
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
-                chunks.append(chunk)
-        except ClientDisconnect:
-            raise ApiError(400, "the client disconnected while sending the request") from None
+            data = await asyncio.wait_for(_read_body(request, limit), timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {timeout:g} s "
+                                "(--body-read-timeout)") from None
         try:
-            body = msgspec.json.decode(b"".join(chunks), type=kind)
+            body = msgspec.json.decode(data, type=kind)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             raise from_validation_error(e) from None
+        except UnicodeDecodeError as e:
+            raise invalid(f"request body is not valid UTF-8: {e.reason} at byte {e.start} of a string") from None
         except RecursionError:
             raise invalid("request body is nested too deeply") from None
         self.check_model(getattr(body, "model", None))
@@ -138,45 +108,6 @@ class OpenAIServing:
             raise ApiError(400, f"X-data-parallel-rank must be an engine rank from 0 to {size - 1}, "
                                 f"got {value!r}", "X-data-parallel-rank")
         return int(value)
-
-    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._encode(text, add_special_tokens=add_special_tokens).ids
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self._decode(ids, skip_special_tokens=skip_special_tokens)
-
-    async def tokenize_prompts(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
-        """Short prompts are tokenized inline; long ones in a worker thread so other streams keep flowing."""
-        if sum(map(len, texts)) < _INLINE_TOKENIZE_CHARS:
-            return [self.tokenize(text, add_special_tokens) for text in texts]
-        return await asyncio.to_thread(lambda: [self.tokenize(text, add_special_tokens) for text in texts])
-
-    async def chat_prompt(self, req: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool) -> list[int]:
-        """req.messages rendered by the chat template and tokenized, in a worker thread (Jinja is slow)."""
-        return (await self.render_chat(req, add_special_tokens))[1]
-
-    async def render_chat(self, req: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool,
-                          tools: list[dict] | None = None) -> tuple[str, list[int]]:
-        """(prompt text, token ids) of req.messages through the chat template, with the request's
-        chat_template_kwargs over --default-chat-template-kwargs; rendered in a worker thread."""
-        template = self.ctx.chat_template
-        if template is None:
-            raise invalid("this model has no chat template; start the server with --chat-template", "messages")
-        rendered = template_messages(req.messages)
-        extra = {**self.ctx.config.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
-
-        def render() -> tuple[str, list[int]]:
-            text = template.render(rendered, add_generation_prompt=req.add_generation_prompt,
-                                   continue_final_message=req.continue_final_message, extra=extra, tools=tools)
-            return text, self.tokenize(text, add_special_tokens)
-
-        return await asyncio.to_thread(render)
-
-    def check_token_ids(self, ids: list[int], param: str) -> None:
-        vocab = self.ctx.vocab_size
-        if ids and (max(ids) >= vocab or min(ids) < 0):
-            bad = next(t for t in ids if not 0 <= t < vocab)
-            raise invalid(f"token id {bad} is outside the vocabulary [0, {vocab})", param)
 
     def sampling_params(self, req: SamplingRequest, *, logprobs: int | None, prompt_logprobs: int | None,
                         names: dict[str, str],
@@ -212,7 +143,8 @@ class OpenAIServing:
 
     def prompt_params(self, params: SamplingParams, prompt_len: int, max_tokens: int | None,
                       max_tokens_param: str, prompt_param: str) -> SamplingParams:
-        """Params for one prompt: max_tokens defaults to what the context has left, as in vLLM."""
+        """Params for one prompt: max_tokens defaults to what the context has left (at most the default
+        sampling's max_tokens, when a generation config sets max_new_tokens), as in vLLM."""
         limit = self.ctx.max_model_len
         if prompt_len == 0:
             raise invalid("the prompt is empty", prompt_param)
@@ -220,7 +152,7 @@ class OpenAIServing:
             raise invalid(f"This model's maximum context length is {limit} tokens, and the prompt has "
                           f"{prompt_len} tokens, which leaves no room for output.", prompt_param)
         if max_tokens is None:
-            max_tokens = limit - prompt_len
+            max_tokens = min(limit - prompt_len, self.ctx.generation_defaults.get("max_tokens", limit))
         elif prompt_len + max_tokens > limit:
             raise invalid(f"This model's maximum context length is {limit} tokens. However, you requested "
                           f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "
@@ -248,140 +180,30 @@ class OpenAIServing:
                 ))
         return choices
 
+    def run(self, request: Request, response_id: str, prompts: list[list[int]], params: list[SamplingParams],
+            n: int, arrival: float, *, keep_output: bool, echo_texts: list[str] | None = None,
+            parsers: list[OutputParser] | None = None, priority: int = 0, cache_salt: str | None = None,
+            structured: str | None = None) -> Run:
+        """The run of n choices per prompt (`parsers`: one per choice, to read its output), not yet started:
+        `Run.respond` starts it. keep_output: the choices keep their whole output (for a whole response)."""
+        choices = self.make_choices(response_id, prompts, params, n, arrival, keep_output, echo_texts)
+        return Run(self.engine, response_id, choices, prompt_tokens=sum(map(len, prompts)), parsers=parsers,
+                   priority=priority, cache_salt=cache_salt, data_parallel_rank=self.data_parallel_rank(request),
+                   structured=structured, local_paths=self.ctx.local_paths)
+
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
-    # ------------------------------------------------------------------ running the response
-    def respond(self, job: GenerationJob) -> DisconnectAwareResponse:
-        if job.stream:
-            for choice in job.choices:
-                head, _, tail = sse_event(self._chunk(job, choice, _TEXT_PROBE, None)).partition(_TEXT_PROBE_JSON)
-                choice.chunk_head, choice.chunk_tail = head, tail
-            return DisconnectAwareResponse(lambda send: self._stream(job, send))
-        return DisconnectAwareResponse(lambda send: self._complete(job, send))
 
-    def _events(self, job: GenerationJob) -> AsyncIterator[ChoiceEvent]:
-        streams = [stream_choice(self.engine, choice, priority=job.priority, cache_salt=job.cache_salt,
-                                 data_parallel_rank=job.data_parallel_rank)
-                   for choice in job.choices]
-        return streams[0] if len(streams) == 1 else merge_streams(streams)
-
-    async def _stream(self, job: GenerationJob, send: Send) -> None:
-        async with aclosing(self._events(job)) as events:
-            first = None
-            if job.structured:
-                try:
-                    first = await events.__anext__()
-                except StopAsyncIteration:
-                    pass
-                except Exception as e:  # nothing was sent yet: answer with the error's own status
-                    await self._send_error(send, e, job)
-                    return
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            await self._stream_events(job, send, events, first)
-
-    async def _stream_events(self, job: GenerationJob, send: Send, events: AsyncIterator[ChoiceEvent],
-                             first: ChoiceEvent | None) -> None:
-        body = "http.response.body"
-        try:
-            for chunk in self._prelude(job):
-                await send({"type": body, "body": chunk, "more_body": True})
-            with_logprobs = job.logprobs is not None
-            parsed = job.output_parsers is not None
-            async for choice, text, delta in (events if first is None else _prepend(first, events)):
-                if parsed:
-                    for chunk in self._parsed_chunks(job, choice, text, delta):
-                        await send({"type": body, "body": chunk, "more_body": True})
-                    continue
-                if choice.finish_reason is None and not with_logprobs:
-                    if not text:
-                        continue
-                    chunk = choice.chunk_head + orjson.dumps(text) + choice.chunk_tail
-                else:
-                    chunk = sse_event(self._chunk(job, choice, text, delta))
-                await send({"type": body, "body": chunk, "more_body": True})
-            if job.include_usage:
-                await send({"type": body, "body": sse_event(self._usage_chunk(job)), "more_body": True})
-        except Exception as e:  # the stream has started: report in-band, then end it properly
-            error = from_engine_error(e)
-            if error.status == 500:
-                logger.exception("request %s failed mid-stream", job.response_id)
-            await send({"type": body, "body": sse_event(error_body(error.status, error.message)),
-                        "more_body": True})
-        await send({"type": body, "body": SSE_DONE, "more_body": False})
-
-    async def _send_error(self, send: Send, e: Exception, job: GenerationJob) -> None:
-        error = _with_param(from_engine_error(e), job)
-        if error.status == 500:
-            logger.exception("request %s failed", job.response_id)
-        await send({"type": "http.response.start", "status": error.status, "headers": JSON_HEADERS})
-        await send({"type": "http.response.body", "body": orjson.dumps(error_body(error.status, error.message,
-                                                                                  error.param)),
-                    "more_body": False})
-
-    async def _complete(self, job: GenerationJob, send: Send) -> None:
-        try:
-            async with aclosing(self._events(job)) as events:
-                async for _ in events:
-                    pass
-            status, body = 200, self._response_body(job)
-        except Exception as e:
-            error = _with_param(from_engine_error(e), job)
-            if error.status == 500:
-                logger.exception("request %s failed", job.response_id)
-            status, body = error.status, error_body(error.status, error.message, error.param)
-        await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
-        await send({"type": "http.response.body", "body": orjson.dumps(body), "more_body": False})
-
-    def usage(self, job: GenerationJob) -> dict:
-        completion = sum(choice.num_output_tokens for choice in job.choices)
-        return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": job.prompt_tokens + completion}
-
-    def _usage_chunk(self, job: GenerationJob) -> dict:
-        return {"id": job.response_id, "object": self.object_name, "created": job.created,
-                "model": self.ctx.model_name, "choices": [], "usage": self.usage(job)}
-
-    def chunk_for(self, job: GenerationJob, item: dict) -> dict:
-        """A stream chunk carrying one choice's item (with "usage": null when usage comes at the end)."""
-        chunk = {"id": job.response_id, "object": self.object_name, "created": job.created,
-                 "model": self.ctx.model_name, "choices": [item]}
-        if job.include_usage:
-            chunk["usage"] = None
-        return chunk
-
-    def body_for(self, job: GenerationJob, object_name: str, choices: list[dict]) -> dict:
-        """A whole (non-streaming) response."""
-        return {"id": job.response_id, "object": object_name, "created": job.created,
-                "model": self.ctx.model_name, "choices": choices, "usage": self.usage(job)}
-
-    # ------------------------------------------------------------------ endpoint-specific shapes
-    def _prelude(self, job: GenerationJob) -> list[bytes]:
-        """SSE chunks sent before any token (chat: the assistant role of each choice)."""
-        return []
-
-    def _chunk(self, job: GenerationJob, choice: Choice, text: str, delta: RequestDelta | None) -> dict:
-        """A stream chunk for one choice's step; delta None builds the template of a plain text chunk."""
-        raise NotImplementedError
-
-    def _response_body(self, job: GenerationJob) -> dict:
-        raise NotImplementedError
-
-    def _parsed_chunks(self, job: GenerationJob, choice: Choice, text: str, delta: RequestDelta) -> list[bytes]:
-        """SSE chunks of one step when the output is parsed (chat with tools or reasoning)."""
-        raise NotImplementedError
-
-
-
-async def _prepend(first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
-    yield first
-    async for event in events:
-        yield event
-
-
-def _with_param(error: ApiError, job: GenerationJob) -> ApiError:
-    """An engine-side failure of a structured request (its grammar) names the constraint's field."""
-    if error.status == 400 and error.param is None and job.structured is not None:
-        error.param = job.structured
-    return error
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(400, "the client disconnected while sending the request") from None
+    return b"".join(chunks)

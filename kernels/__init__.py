@@ -6,14 +6,19 @@ RMSNorm and SiLU-and-mul on the CPU tensors of 16-bit models (float32 activation
 SwiGLU gate where AVX-512 BF16 makes bf16 native), which go to kernels/cpu_avx2's one-pass versions. The
 signatures of each pair are identical; tests compare them over grids of shapes. The Triton modules
 (kernels/triton_*.py) are imported only when a CUDA tensor first arrives, so CPU runs never import triton.
+
+Quantized weights (kernels/gguf_blocks.QuantizedWeight, a GGUF file's blocks): `prepare_quantized` gives
+the form each device multiplies, kernels/cpu_quant's C kernels on the CPU, the Triton dequantize-in-the-GEMM
+kernel on CUDA, the torch reference (dequantize, then matmul) elsewhere.
 """
 
 from __future__ import annotations
 
 import os
 
-from kernels import cpu_avx2
+from kernels import cpu_avx2, cpu_quant
 from kernels.activation import silu_and_mul_torch
+from kernels.gguf_blocks import QuantizedWeight
 from kernels.kv_cache import write_kv_cache_torch
 from kernels.paged_attention import paged_attention_torch, paged_decode_attention_torch
 from kernels.rms_norm import rms_norm_torch
@@ -24,6 +29,8 @@ __all__ = [
     "paged_attention_torch",
     "paged_decode_attention",
     "paged_decode_attention_torch",
+    "QuantizedWeight",
+    "prepare_quantized",
     "rms_norm",
     "rms_norm_torch",
     "rope_cos_sin_cache",
@@ -111,3 +118,17 @@ def paged_decode_attention(query, key_cache, value_cache, seq_lens, block_tables
 
         return paged_decode_attention_triton(query, key_cache, value_cache, seq_lens, block_tables, scale)
     return paged_decode_attention_torch(query, key_cache, value_cache, seq_lens, block_tables, scale)
+
+
+
+def prepare_quantized(weight: QuantizedWeight, device):
+    """The form of a QuantizedWeight that the kernels multiply on `device`: repacked for the C kernels on a
+    CPU that runs them, packed for the Triton kernel on CUDA, else the weight itself (the torch reference).
+    Each has .matmul(x) (float32 on the CPU, x's dtype on CUDA) and .rows(ids) (float32 embedding rows)."""
+    if device.type == "cuda" and _triton_ok() and os.environ.get("RINGSERVE_KERNELS", "auto") != "torch":
+        from kernels.triton_quant_matmul import TritonQuantWeight
+
+        return TritonQuantWeight(weight, device)
+    if device.type == "cpu" and cpu_quant.available():
+        return cpu_quant.PackedWeight(weight)
+    return weight

@@ -12,9 +12,10 @@ half-precision kernels). They are accelerators, never requirements: with no comp
 RINGSERVE_CPU_KERNELS=0, `available()` is False and callers use the torch paths. Each has a test against
 the torch reference (tests/kernels/test_cpu_avx2.py).
 
-The sources (cpu_gemm.c, cpu_attention.c, cpu_decode.c, cpu_elementwise.c and their header cpu_kernels.h)
+The sources (cpu_gemm.c, cpu_attention.c, cpu_decode.c, cpu_elementwise.c, their header cpu_kernels.h,
+and the quantized kernels cpu_quant.c, cpu_quant_pack.c, cpu_quant.h that kernels/cpu_quant.py wraps)
 build into one library, cached under ~/.cache/ringserve/kernels by a hash of the sources and compiler
-flags; a build takes about three seconds. It links libgomp by soname, so it shares torch's OpenMP runtime
+flags; a build takes about five seconds. It links libgomp by soname, so it shares torch's OpenMP runtime
 (one thread pool) instead of starting a second one.
 """
 
@@ -23,23 +24,29 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, name) for name in
-                ("cpu_gemm.c", "cpu_attention.c", "cpu_decode.c", "cpu_elementwise.c"))
-HEADER = os.path.join(_HERE, "cpu_kernels.h")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm")
+                ("cpu_gemm.c", "cpu_attention.c", "cpu_decode.c", "cpu_elementwise.c", "cpu_quant.c",
+                 "cpu_quant_pack.c"))
+HEADERS = tuple(os.path.join(_HERE, name) for name in ("cpu_kernels.h", "cpu_quant.h"))
+COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-std=c11")
+LINK_FLAGS = ("-fopenmp", "-shared", "-lm")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 BF16_DOT_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")    # VDPBF16PS (e.g. AMD Zen 4)
 SUPPORTED = (torch.bfloat16, torch.float16)
 MAX_GROUP, MAX_HEAD_DIM = 16, 256          # as in cpu_attention.c
 _bf16_dot = False                          # the library's AVX-512 switch (set_bf16_dot), mirrored here
+logger = logging.getLogger("ringserve.kernels")
 
 
 def _cache_dir() -> str:
@@ -67,29 +74,60 @@ def _cpu_supported() -> bool:
 
 def _build(compiler: str) -> str:
     text = b""
-    for path in (HEADER, *SOURCES):
+    for path in (*HEADERS, *SOURCES):
         with open(path, "rb") as f:
             text += f.read()
-    digest = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(text + " ".join(COMPILE_FLAGS + LINK_FLAGS).encode()).hexdigest()[:16]
     target = os.path.join(_cache_dir(), f"cpu_avx2-{digest}.so")
     if os.path.isfile(target):
         return target
     os.makedirs(_cache_dir(), exist_ok=True)
-    fd, staging = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
-    os.close(fd)
-    try:
-        subprocess.run([compiler, *FLAGS, *SOURCES, "-o", staging], check=True, capture_output=True, timeout=120)
-        os.replace(staging, target)                  # atomic: concurrent builders all end with one file
-    finally:
-        if os.path.exists(staging):
-            os.unlink(staging)
+    # A first start says what it is waiting for: one line per compiled file (the files compile in parallel).
+    logger.info("building the CPU kernels (first use only; cached in %s): %d C files", _cache_dir(), len(SOURCES))
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=_cache_dir()) as staging:
+        objects = [os.path.join(staging, os.path.basename(source)[:-2] + ".o") for source in SOURCES]
+
+        def compile_one(index: int) -> str:
+            subprocess.run([compiler, *COMPILE_FLAGS, "-c", SOURCES[index], "-o", objects[index]], check=True,
+                           capture_output=True, timeout=120)
+            return os.path.basename(SOURCES[index])
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(SOURCES), os.cpu_count() or 1))) as pool:
+            for done, name in enumerate(pool.map(compile_one, range(len(SOURCES))), 1):
+                logger.info("  compiled %s (%d/%d)", name, done, len(SOURCES))
+        library = os.path.join(staging, "cpu_avx2.so")
+        subprocess.run([compiler, *objects, *LINK_FLAGS, "-o", library], check=True, capture_output=True,
+                       timeout=120)
+        os.replace(library, target)                  # atomic: concurrent builders all end with one file
+    logger.info("built the CPU kernels in %.1f s", time.monotonic() - start)
     return target
 
 
+class Weight(ctypes.Structure):
+    """cpu_kernels.h's Weight: one 16-bit matrix, or GGUF-quantized parts stacked by output rows."""
+    _fields_ = [("data", ctypes.c_void_p * 4), ("rows", ctypes.c_int64 * 4), ("type", ctypes.c_int32 * 4),
+                ("num_parts", ctypes.c_int32)]
+
+
+GGML_F16, GGML_BF16 = 1, 30
+MATMULS = ("qkv", "o_proj", "gate_up", "down")
+
+
+def weight_descriptor(weight) -> Weight:
+    """The C Weight of a contiguous 16-bit CPU matrix, or a kernels/cpu_quant.PackedWeight's own (it points
+    into the weight: keep the weight alive)."""
+    if not isinstance(weight, torch.Tensor):
+        return weight.descriptor
+    if weight.dtype not in SUPPORTED or not weight.is_contiguous() or weight.device.type != "cpu":
+        raise ValueError(f"a matmul weight must be a contiguous bf16/fp16 CPU tensor, got {weight.dtype}")
+    return Weight(data=(ctypes.c_void_p * 4)(weight.data_ptr()), rows=(ctypes.c_int64 * 4)(weight.shape[0]),
+                  type=(ctypes.c_int32 * 4)(GGML_BF16 if weight.dtype == torch.bfloat16 else GGML_F16), num_parts=1)
+
+
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in (
-        "input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "post_norm", "gate_up", "down",
-        "key_cache", "value_cache")]
+    _fields_ = [*((name, ctypes.c_void_p) for name in ("input_norm", "qkv_bias", "q_norm", "k_norm", "post_norm")),
+                *((name, Weight) for name in MATMULS), ("key_cache", ctypes.c_void_p), ("value_cache", ctypes.c_void_p)]
 
 
 class _Model(ctypes.Structure):
@@ -335,7 +373,8 @@ class DecodeStack:
     place. Built once per KV cache; holds the tensors it points at. Only construct when available().
 
     layers: per layer a dict of LAYER_TENSORS (16-bit, contiguous, all in one dtype; qkv_bias, q_norm and
-    k_norm may be None) plus "kv_cache" ([2, num_blocks, block_size, Hk, D], the same dtype).
+    k_norm may be None; the MATMULS may instead be kernels/cpu_quant.PackedWeights) plus "kv_cache" ([2, num_blocks,
+    block_size, Hk, D], the same dtype).
     """
 
     def __init__(self, layers: list[dict[str, torch.Tensor | None]], final_norm: torch.Tensor,
@@ -346,7 +385,8 @@ class DecodeStack:
         for layer in layers:
             for name in (*LAYER_TENSORS, "kv_cache"):
                 tensor = layer[name]
-                if tensor is None:
+                if not isinstance(tensor, torch.Tensor):
+                    kept.append(tensor)
                     continue
                 if tensor.dtype != dtype or not tensor.is_contiguous() or tensor.device.type != "cpu":
                     raise ValueError(f"DecodeStack: {name} must be a contiguous CPU {dtype} tensor")
@@ -361,7 +401,10 @@ class DecodeStack:
         for slot, layer in zip(self._layers, layers):
             for name in LAYER_TENSORS:
                 tensor = layer[name]
-                setattr(slot, name, None if tensor is None else tensor.data_ptr())
+                if name in MATMULS:
+                    setattr(slot, name, weight_descriptor(tensor))
+                else:
+                    setattr(slot, name, None if tensor is None else tensor.data_ptr())
             slot.key_cache = layer["kv_cache"][0].data_ptr()
             slot.value_cache = layer["kv_cache"][1].data_ptr()
         self.hidden = final_norm.shape[0]

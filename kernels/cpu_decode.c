@@ -1,9 +1,11 @@
 /* decode_forward16: a whole pure-decode step of a Llama-family model in one call (see cpu_kernels.h). */
 #include "cpu_kernels.h"
 
-/* One decoder layer's 16-bit tensors (NULL where the model has none) and its paged KV cache. */
+/* One decoder layer's 16-bit tensors (NULL where the model has none), its matmul weights (16-bit or
+ * GGUF-quantized) and its paged KV cache. */
 typedef struct {
-    const uint16_t *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o_proj, *post_norm, *gate_up, *down;
+    const uint16_t *input_norm, *qkv_bias, *q_norm, *k_norm, *post_norm;
+    Weight qkv, o_proj, gate_up, down;
     uint16_t *key_cache, *value_cache;
 } DecodeLayer;
 
@@ -20,7 +22,7 @@ typedef struct {
  * x [T, hidden]: the tokens' embeddings in, the normed last hidden states out. Request r's token sits at
  * positions[r], goes to cache slot slots[r] (< 0: padding, not written, attends nothing) and attends the
  * seq_lens[r] cached tokens of block_tables[r] (its own included). Same arithmetic as the torch layers
- * in float32, with 16-bit weights and cache. */
+ * in float32, with 16-bit weights (or gemm_q's for quantized ones) and a 16-bit cache. */
 void decode_forward16(const DecodeModel *m, float *x, const int64_t *positions, const int64_t *slots,
                       const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks, int64_t T,
                       int num_threads) {
@@ -39,7 +41,7 @@ void decode_forward16(const DecodeModel *m, float *x, const int64_t *positions, 
         const DecodeLayer *L = m->layers + l;
         add_rows(residual, x, T * H);                       /* x: the embeddings, then each layer's output */
         rms_norm_rows(residual, L->input_norm, normed, T, H, m->eps, is_bf16);
-        gemm16(normed, L->qkv, qkv, T, qkv_n, H, is_bf16, num_threads);
+        matmul_weight(&L->qkv, normed, qkv, T, H, 0, num_threads);
         for (int64_t r = 0; r < T; r++) {
             float *row = qkv + r * qkv_n;
             if (L->qkv_bias)
@@ -63,12 +65,12 @@ void decode_forward16(const DecodeModel *m, float *x, const int64_t *positions, 
         }
         paged_decode_attention16(q, L->key_cache, L->value_cache, lens, block_tables, max_blocks, attn, T, Hq, Hk, D,
                                  bs, m->scale, is_bf16, num_threads);
-        gemm16(attn, L->o_proj, x, T, H, Hq * D, is_bf16, num_threads);
+        matmul_weight(&L->o_proj, attn, x, T, Hq * D, 0, num_threads);
         add_rows(residual, x, T * H);
         rms_norm_rows(residual, L->post_norm, normed, T, H, m->eps, is_bf16);
-        gemm16(normed, L->gate_up, gu, T, 2 * I, H, is_bf16, num_threads);
+        matmul_weight(&L->gate_up, normed, gu, T, H, 0, num_threads);
         silu_mul_rows(gu, act, T, I);
-        gemm16(act, L->down, x, T, H, I, is_bf16, num_threads);
+        matmul_weight(&L->down, act, x, T, I, 0, num_threads);
     }
     add_rows(residual, x, T * H);
     rms_norm_rows(residual, m->final_norm, x, T, H, m->eps, is_bf16);

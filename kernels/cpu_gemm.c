@@ -148,9 +148,9 @@ typedef struct {
     int is_bf16;
 } MatmulArgs;
 
-/* fn(args, lo, hi) over [0, n) in ranges of at most `step` units, on num_threads threads */
-static void share_units(int64_t n, int64_t step, int num_threads, void (*fn)(const MatmulArgs *, int64_t, int64_t),
-                        const MatmulArgs *args) {
+/* fn(args, lo, hi) over [0, n) in ranges of at most `step` units, on num_threads threads (also gemm_q's) */
+INTERNAL void share_units(int64_t n, int64_t step, int num_threads, void (*fn)(const void *, int64_t, int64_t),
+                          const void *args) {
     const int team = num_threads < MAX_TEAM ? num_threads : MAX_TEAM;
     Share shares[MAX_TEAM];
     for (int t = 0; t < team; t++) shares[t].range = (uint64_t)((t + 1) * n / team) << 32 | (uint64_t)(t * n / team);
@@ -164,7 +164,8 @@ static void share_units(int64_t n, int64_t step, int num_threads, void (*fn)(con
     }
 }
 
-static void gemv_range(const MatmulArgs *a, int64_t lo, int64_t hi) {
+static void gemv_range(const void *args, int64_t lo, int64_t hi) {
+    const MatmulArgs *a = args;
     if (a->M == 2) gemv_rows(a->x, a->w, a->y, lo, hi, a->N, a->K, a->is_bf16, 2);
     else gemv_rows(a->x, a->w, a->y, lo, hi, a->N, a->K, a->is_bf16, 1);
 }
@@ -286,11 +287,13 @@ BF16_TARGET static void dot_rows_f16(const void *xa, const uint16_t *w, float *y
 
 /* tiles [lo, hi) of four weight rows against every activation row (share_units' callbacks: one per dtype,
  * so that each inlines its dot_rows: one callback choosing per tile was slower at 4 rows, 7 of 7 A/B runs) */
-BF16_TARGET static void tiles_bf16(const MatmulArgs *a, int64_t lo, int64_t hi) {
+BF16_TARGET static void tiles_bf16(const void *args, int64_t lo, int64_t hi) {
+    const MatmulArgs *a = args;
     for (int64_t t = lo; t < hi; t++) dot_rows_bf16(a->x, a->w, a->y, a->M, t * BF16_NR, a->N, a->K, a->Kp, BF16_NR);
 }
 
-BF16_TARGET static void tiles_f16(const MatmulArgs *a, int64_t lo, int64_t hi) {
+BF16_TARGET static void tiles_f16(const void *args, int64_t lo, int64_t hi) {
+    const MatmulArgs *a = args;
     for (int64_t t = lo; t < hi; t++) dot_rows_f16(a->x, a->w, a->y, a->M, t * BF16_NR, a->N, a->K, a->Kp, BF16_NR);
 }
 

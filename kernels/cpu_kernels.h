@@ -4,6 +4,9 @@
  *   cpu_attention.c    paged_decode_attention16 (decode, and prefill as decode rows)
  *   cpu_decode.c       decode_forward16
  *   cpu_elementwise.c  rms_norm_f32, rope_f32, silu_and_mul_f32/_bf16, sample_exp_rows, the row helpers
+ *   cpu_quant.c        gemm_q (GGUF-quantized weights, 8-bit activations, integer dot products),
+ *                      matmul_weight (a Weight of either kind)
+ *   cpu_quant_pack.c   repack_q, dequantize_packed_rows, the activations' quantization (cpu_quant.h)
  *
  * gemm16: y[M, N] = x[M, K] @ w[N, K]^T for 16-bit weights (bf16 or fp16) and float32 activations.
  * torch's own bf16/fp16 matmul on CPUs without AVX-512 BF16 or AMX is compute-bound on the conversion
@@ -109,6 +112,23 @@ BF16_TARGET static inline __m512 load16_bf16(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
+/* A matmul's weight as decode_forward16 and matmul_weight take it: one 16-bit matrix (type 1 F16 or 30 BF16,
+ * num_parts 1), or up to WEIGHT_PARTS GGUF-quantized matrices (GGML type ids, repacked by repack_q)
+ * stacked by output rows, each multiplied into its own columns of y (a fused q/k/v or gate/up whose parts
+ * differ in type). */
+#define WEIGHT_PARTS 4
+typedef struct {
+    const void *data[WEIGHT_PARTS];
+    int64_t rows[WEIGHT_PARTS];
+    int32_t type[WEIGHT_PARTS];
+    int32_t num_parts;
+} Weight;
+
+/* cpu_gemm.c: fn(args, lo, hi) over the units [0, n), `step` at a time, each thread first taking its own
+ * contiguous range, then stealing from the back of the others' */
+INTERNAL void share_units(int64_t n, int64_t step, int num_threads, void (*fn)(const void *, int64_t, int64_t),
+                          const void *args);
+
 /* cpu_gemm.c: whether the AVX-512 BF16 paths run (set_bf16_dot) */
 extern int use_bf16_dot;
 
@@ -122,6 +142,10 @@ void paged_decode_attention16(const float *q, const uint16_t *key_cache, const u
                               const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks,
                               float *out, int64_t R, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
                               float scale, int is_bf16, int num_threads);
+
+void gemm_q(const float *x, int64_t ldx, const void *w, int type, float *y, int64_t ldy, int64_t M, int64_t N,
+            int64_t K, int num_threads);
+void matmul_weight(const Weight *w, const float *x, float *y, int64_t M, int64_t K, int precise, int num_threads);
 
 /* cpu_elementwise.c: one thread's row helpers, also used by decode_forward16 */
 INTERNAL void rms_norm_rows(const float *x, const uint16_t *w, float *out, int64_t T, int64_t n, float eps,

@@ -15,7 +15,9 @@ The default suite pins CPU semantics on any host, so it passes on a CPU machine 
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -43,10 +45,12 @@ def _no_cuda() -> bool:
     return False
 
 
-def skip_reason(keywords, has_cuda: bool) -> str | None:
+def skip_reason(keywords, has_cuda: bool, has_triton: bool = True) -> str | None:
     """Why a test with these markers cannot run on this host, or None."""
     if "gpu" in keywords and not has_cuda:
         return "needs a CUDA GPU"
+    if "interpreter" in keywords and not has_triton:
+        return TRITON_MISSING
     if "interpreter" in keywords and has_cuda:
         return ("runs Triton's interpreter on CPU tensors, which a CUDA host's compiled kernels refuse; "
                 "run CUDA_VISIBLE_DEVICES= pytest tests/kernels")
@@ -54,6 +58,8 @@ def skip_reason(keywords, has_cuda: bool) -> str | None:
 
 
 HAS_CUDA = _has_cuda()
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+TRITON_MISSING = "triton is not installed (the default install leaves it out; '.[test]' and '.[gpu]' bring it)"
 _VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
 if HAS_CUDA:
     import engine.config
@@ -80,9 +86,35 @@ def _gpu_tests_see_the_gpu(request, monkeypatch):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        reason = skip_reason(item.keywords, HAS_CUDA)
+        reason = skip_reason(item.keywords, HAS_CUDA, HAS_TRITON)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# a test module that imports triton (or a Triton kernel) at its top needs it to be collected at all
+_IMPORTS_TRITON = re.compile(r"^(?:import triton|from (?:triton|kernels\.triton_\w+|engine\.attention\.triton_backend)"
+                             r" import)", re.M)
+
+
+class _NeedsTriton(pytest.File):
+    """Stands in for a test module that cannot be imported without triton: one test that skips, saying why."""
+
+    def collect(self):
+        yield _TritonMissing.from_parent(self, name="needs_triton")
+
+
+class _TritonMissing(pytest.Item):
+    def runtest(self) -> None:
+        pytest.skip(f"{self.path.name}: {TRITON_MISSING}")
+
+    def reportinfo(self):
+        return self.path, None, self.name
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if not HAS_TRITON and _IMPORTS_TRITON.search(module_path.read_text()):
+        return _NeedsTriton.from_parent(parent, path=module_path)
+    return None
 
 
 def shared_path(*parts: str) -> Path:

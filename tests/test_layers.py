@@ -3,7 +3,9 @@
 Every module under engine/, frontend/, shm/, kernels/ and tools/ is parsed, imports inside functions
 included; each import of a first-party module must be allowed by the importing module's row. Leaves stay
 leaves, the engine never imports frontend/ or tools/, and each engine subpackage imports only what its
-process may hold. A second test pins that the scheduler process never loads torch.
+process may hold; in the frontend an API package imports the chat package and the frontend root, never
+another API package (nor the app that assembles them). A second test pins that the scheduler process
+never loads torch.
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "frontend", "shm", "kernels", "tools")
 CONTRACTS = ("engine.config", "engine.errors", "engine.sampling_params", "engine.messages", "engine.outputs",
              "engine.process", "engine.distributed", "engine.block_hash",
-             "engine.structured_spec", "engine.speculative_config")
+             "engine.structured_spec", "engine.generation_config")
 MODEL_ARGS = ("engine.models.model_args", "engine.models.demo", "engine.models.bundled", "engine.models.hub",
-              "engine.models.gguf_file", "engine.models.gguf_config")     # torch-free model descriptions
-FRONTEND_MAY_USE = ("engine!", "engine.config", "engine.sampling_params", "engine.outputs", "engine.errors",
-                    "engine.structured_spec", "engine.client", "frontend")
+              "engine.models.gguf_file", "engine.models.gguf_config", "engine.models.encoder_args",
+              "engine.models.pooler_config", "engine.models.model_zip")     # torch-free model descriptions
+ENGINE_FACE = ("engine!", "engine.config", "engine.sampling_params", "engine.outputs", "engine.errors",
+               "engine.structured_spec", "engine.client")         # what the frontend may see of the engine
+FRONTEND_MAY_USE = (*ENGINE_FACE, "frontend")
+# The frontend: one package per API over the chat package and the root's shared modules; the app (with its
+# OpenAPI document) and the server assemble the API packages, and only they (and the CLI) import them.
+FRONTEND_APIS = ("frontend.openai", "frontend.anthropic", "frontend.responses")
+FRONTEND_ASSEMBLY = ("frontend.app", "frontend.openapi", "frontend.server")
+FRONTEND_ROOT = ("frontend!", *(f"frontend.{p.stem}" for p in sorted((ROOT / "frontend").glob("*.py"))
+                               if p.stem != "__init__" and f"frontend.{p.stem}" not in FRONTEND_ASSEMBLY))
+FRONTEND_SHARED = (*ENGINE_FACE, *FRONTEND_ROOT, "frontend.chat")
 
 # (row name, prefix of the importing module, prefixes it may import, prefixes it may import only lazily)
 RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
@@ -30,7 +41,10 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("kernels is a leaf", "kernels", ("kernels",), ()),
     ("tools may import anything", "tools", PACKAGES, ()),
     ("frontend/cli", "frontend.cli", FRONTEND_MAY_USE, ()),
-    ("frontend", "frontend", FRONTEND_MAY_USE, ()),
+    *[("frontend's app assembly", name, FRONTEND_MAY_USE, ()) for name in FRONTEND_ASSEMBLY],
+    *[(f"the API package {name.split('.')[1]}/", name, (*FRONTEND_SHARED, name), ()) for name in FRONTEND_APIS],
+    ("frontend/chat", "frontend.chat", FRONTEND_SHARED, ()),
+    ("frontend root", "frontend", FRONTEND_SHARED, ()),
     ("engine/attention", "engine.attention", ("engine.attention", "kernels", *CONTRACTS), ()),
     ("engine/layers", "engine.layers", ("engine.layers", "kernels", *CONTRACTS), ()),
     ("engine/models", "engine.models", ("engine.models", "engine.layers", "engine.attention", "kernels",
@@ -39,7 +53,8 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("engine/executor", "engine.executor", ("engine.executor", "engine.sample", "engine.models",
                                              "engine.attention", "engine.layers", "kernels", "shm",
                                              *CONTRACTS), ()),
-    ("engine/core", "engine.core", ("engine.core", "engine.executor.group", "shm", *CONTRACTS), ()),
+    ("engine/core", "engine.core", ("engine.core", "engine.executor.group", "shm", *CONTRACTS),
+     ("engine.client.tokenizer",)),                                     # the grammar compile worker only
     ("engine/client", "engine.client", ("engine.client", "shm", *CONTRACTS),
      ("engine.core.engine_core", "engine.executor.group")),             # in-process mode only
     ("engine/llm.py", "engine.llm", ("engine.client", *CONTRACTS), ()),
@@ -125,6 +140,11 @@ def test_a_planted_reverse_import_is_caught():
         "engine.sample.sampler": "from engine.messages import SchedulerOutput\n",
         "frontend.metrics": "from engine.messages import FINISH_STOP\n",               # frontend -> wire module
         "engine.outputs": "def f():\n    from frontend.errors import ApiError\n",    # lazy engine -> frontend
+        "frontend.anthropic.messages": "from frontend.openai.wire import OpenAIWire\n",   # API -> another API
+        "frontend.responses.handlers": "def f():\n    from frontend.anthropic import messages\n",
+        "frontend.chat.preparation": "from frontend.openai.protocol import CompletionRequest\n",  # chat -> API
+        "frontend.runner": "from frontend.responses.store import ResponseStore\n",    # root -> API
+        "frontend.openai.chat": "from frontend.app import create_app\n",              # API -> the assembly
     }
     for module, source in planted.items():
         assert violations(module, source), f"planted import in {module} was not caught"
@@ -149,3 +169,12 @@ def test_the_scheduler_process_never_imports_torch():
 def test_the_engine_root_holds_at_most_a_dozen_modules():
     modules = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
     assert len(modules) <= 12, modules
+
+
+def test_the_frontend_root_holds_at_most_14_modules_and_a_package_per_api():
+    modules = sorted(p.name for p in (ROOT / "frontend").glob("*.py"))
+    assert len(modules) <= 14, modules
+    packages = {p.parent.name for p in (ROOT / "frontend").glob("*/__init__.py")}
+    assert {"openai", "anthropic", "responses", "chat", "cli"} <= packages
+    assert {f"frontend.{name}" for name in packages} - {"frontend.chat", "frontend.cli"} == set(FRONTEND_APIS), \
+        "a new frontend package needs its row in RULES (an API package: FRONTEND_APIS) and DESIGN §1"

@@ -20,3 +20,11 @@ def test_readme_shows_the_ci_test_command():
 def test_readme_shows_the_serve_command():
     readme = (REPO / "README.md").read_text()
     assert "ringserve serve" in readme
+
+
+def test_readme_puts_the_api_key_in_the_environment_and_says_why():
+    """A command line is readable by every local user (ps): the README recommends RINGSERVE_API_KEY first."""
+    readme = (REPO / "README.md").read_text()
+    assert readme.index("RINGSERVE_API_KEY") < readme.index("--api-key")
+    advice = readme[readme.index("RINGSERVE_API_KEY"):readme.index("--api-key") + 200]
+    assert "ps" in advice

@@ -1,12 +1,12 @@
 """Streaming through the real HTTP path with a zero-cost model: what the frontend can deliver.
 
 Starts `ringserve serve --load-format fake` (the whole engine, but a model that costs nothing), then
-streams completions at 1, 16 and 64 concurrent streams and reports streamed tokens/s, requests/s and the
+streams completions (or, with `--api chat`, chat completions) at 1, 16 and 64 concurrent streams and reports streamed tokens/s, requests/s and the
 frontend process's CPU time per streamed token (from /proc). The client is a minimal asyncio HTTP/1.1
 client that only collects bytes and reads the final usage event, so that on a 2-core machine the load
 generator takes as little CPU as possible from the server it measures.
 
-    python -m tools.bench_frontend [--json]
+    python -m tools.bench_frontend [--api chat] [--json]
 """
 
 from __future__ import annotations
@@ -60,11 +60,16 @@ def dechunk(raw: bytes) -> bytes:
         i = end + 4 + size
 
 
-async def stream_one(host: str, port: int, payload: bytes) -> int:
-    """One streamed completion; returns the completion tokens the final usage event reports."""
+ROUTES = {"completions": b"/v1/completions", "chat": b"/v1/chat/completions"}
+
+
+async def stream_one(host: str, port: int, route: bytes, payload: bytes) -> int:
+    """One streamed request; returns the completion tokens the final usage event reports."""
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload))
+    # the server's own address as the Host: a loopback server refuses other names (DNS rebinding)
+    writer.write(b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
+                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+                 % (route, host.encode(), port, len(payload), payload))
     chunks = []
     while data := await reader.read(1 << 16):
         chunks.append(data)
@@ -74,16 +79,22 @@ async def stream_one(host: str, port: int, payload: bytes) -> int:
     return usage["usage"]["completion_tokens"]
 
 
-async def run_level(host: str, port: int, model: str, streams: int, requests: int, tokens: int) -> tuple:
-    payload = json.dumps({"model": model, "prompt": "benchmark", "max_tokens": tokens, "stream": True,
-                          "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
+async def run_level(host: str, port: int, model: str, streams: int, requests: int, tokens: int,
+                    api: str = "completions") -> tuple:
+    body = {"model": model, "max_tokens": tokens, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": "benchmark"}]
+    else:
+        body["prompt"] = "benchmark"
+    payload, route = json.dumps(body).encode(), ROUTES[api]
     queue = list(range(requests))
 
     async def worker() -> int:
         got = 0
         while queue:
             queue.pop()
-            got += await stream_one(host, port, payload)
+            got += await stream_one(host, port, route, payload)
         return got
 
     start = time.perf_counter()
@@ -95,17 +106,19 @@ async def run_level(host: str, port: int, model: str, streams: int, requests: in
 @click.option("--levels", default="1,16,64", show_default=True, help="concurrent streams")
 @click.option("--tokens", default=256, show_default=True, help="max_tokens of each request")
 @click.option("--requests-per-stream", default=4, show_default=True)
+@click.option("--api", type=click.Choice(list(ROUTES)), default="completions", show_default=True,
+              help="what to stream: completions, or chat completions (chat template, chat chunks)")
 @click.option("--json", "as_json", is_flag=True)
-def cli(levels: str, tokens: int, requests_per_stream: int, as_json: bool) -> None:
+def cli(levels: str, tokens: int, requests_per_stream: int, api: str, as_json: bool) -> None:
     """Streamed tokens/s, requests/s and frontend CPU per token through the real HTTP path (fake model)."""
     proc, host, port, model = start_server([])
     rows = []
     try:
-        asyncio.run(run_level(host, port, model, 4, 8, 32))          # warm-up
+        asyncio.run(run_level(host, port, model, 4, 8, 32, api))     # warm-up
         for streams in [int(x) for x in levels.split(",")]:
             cpu_before = cpu_seconds(proc.pid)
             total, seconds = asyncio.run(run_level(host, port, model, streams, streams * requests_per_stream,
-                                                   tokens))
+                                                   tokens, api))
             cpu = cpu_seconds(proc.pid) - cpu_before
             rows.append({"streams": streams, "tokens": total, "seconds": seconds,
                          "tokens_per_s": total / seconds,

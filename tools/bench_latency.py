@@ -9,6 +9,10 @@ same way on the same weights in the same run (a GGUF file through `from_pretrain
 report their load time (engine start, or from_pretrained, until ready to generate).
 
     ringserve bench latency --model DIR|FILE.gguf|NAME [--batch-size 1] [--input-len 128] [--output-len 128]
+                            [--quantization gguf|none]
+
+A GGUF file is measured with its own weights (kept in their quantized blocks unless --quantization none);
+other models with random weights of their shapes unless --load-format auto.
 """
 
 from __future__ import annotations
@@ -21,15 +25,24 @@ import time
 
 import click
 
+from frontend.cli.options import model_argument
+
 # HBM peak bandwidth of the GPUs we expect to be measured on (bytes/s, vendor figures).
 PEAK_BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12, "A800": 2.0e12, "L40S": 0.864e12}
 
 
-def weight_bytes(model: str, dtype: str) -> int:
-    """Bytes of the weights one decode step reads, from config.json."""
+def weight_bytes(model: str, dtype: str, quantization: str | None = None) -> int:
+    """Bytes of the weights one decode step reads: from config.json, or for a GGUF file kept quantized, its
+    matrices' bytes (the LM head's, not the token embedding's, which a step only looks rows up in)."""
     from engine.config import EngineConfig
+    from engine.models.gguf_file import read_gguf
     from engine.models.model_args import ModelArgs
 
+    if EngineConfig(model=model, quantization=quantization, device="cpu").finalize().quantization == "gguf":
+        tensors = read_gguf(model).tensors
+        head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        return sum(t.nbytes for name, t in tensors.items()
+                   if len(t.shape) == 2 and (name.startswith("blk.") or name == head))
     config = EngineConfig(model=model, dtype=dtype, load_format="dummy", device="cpu").finalize()
     a = ModelArgs.from_hf_config(config.hf_config(), config.architecture, config.max_model_len)
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
@@ -126,10 +139,14 @@ def measure_transformers(model: str, batch: int, input_len: int, output_len: int
 
 
 @click.command("latency")
-@click.option("--model", required=True, help="HF model directory, .gguf file or built-in name")
+@model_argument(required=True, help="HF model directory, .gguf file or built-in name.")
 @click.option("--tokenizer", default=None, help="default: none needed (token ids in and out)")
-@click.option("--load-format", default="dummy", show_default=True)
+@click.option("--load-format", default=None,
+              help="auto (the file's weights; the default for a .gguf MODEL) or dummy (random weights of the "
+                   "config's shapes; the default otherwise)")
 @click.option("--dtype", default="bfloat16", show_default=True)
+@click.option("--quantization", type=click.Choice(["gguf", "none"]), default=None,
+              help="a GGUF file's quantized weights: gguf keeps them (the default for such a file), none dequantizes")
 @click.option("--batch-size", default=1, show_default=True)
 @click.option("--input-len", default=128, show_default=True)
 @click.option("--output-len", default=128, show_default=True)
@@ -139,18 +156,21 @@ def measure_transformers(model: str, batch: int, input_len: int, output_len: int
 @click.option("--cpu-threads", type=int, default=None,
               help="torch threads of each engine on the CPU (default: ringserve's choice, torch's for transformers)")
 @click.option("--json", "as_json", is_flag=True)
-def cli(model, tokenizer, load_format, dtype, batch_size, input_len, output_len, iters, hf, cpu_threads, as_json):
+def cli(model, tokenizer, load_format, dtype, quantization, batch_size, input_len, output_len, iters, hf, cpu_threads,
+        as_json):
     """Per-token decode time at a fixed batch, and the weight bandwidth it achieves."""
     from engine.config import EngineConfig
 
     model = EngineConfig(model=model, load_format="dummy", device="cpu").finalize().model     # names, hub ids
     device, peak = peak_bandwidth()
     modes = [("cuda graphs", False), ("eager", True)] if device != "cpu" else [("ringserve", True)]
-    nbytes = weight_bytes(model, dtype)
+    load_format = load_format or ("auto" if model.lower().endswith(".gguf") else "dummy")
+    quantization = None if load_format == "dummy" else quantization
+    nbytes = weight_bytes(model, dtype, quantization if load_format != "dummy" else "none")
     rows = []
     for name, eager in modes:
         r = measure(model, tokenizer, batch_size, input_len, output_len, iters, load_format=load_format,
-                    dtype=dtype, enforce_eager=eager, cpu_threads=cpu_threads)
+                    dtype=dtype, enforce_eager=eager, cpu_threads=cpu_threads, quantization=quantization)
         r["mode"] = name
         r["weight_gb_per_s"] = nbytes / (r["decode_step_ms"] / 1e3) / 1e9
         r["peak_fraction"] = None if peak is None else r["weight_gb_per_s"] * 1e9 / peak
@@ -168,7 +188,8 @@ def cli(model, tokenizer, load_format, dtype, batch_size, input_len, output_len,
     if as_json:
         click.echo(json.dumps({"model": model, "device": device, "weight_bytes": nbytes, "results": rows}))
         return
-    click.echo(f"{model} on {device}: {nbytes / 1e9:.3f} GB of weights ({dtype}), batch {batch_size}, "
+    click.echo(f"{model} on {device}: {nbytes / 1e9:.3f} GB of weights read a step ({dtype}, quantization "
+               f"{quantization or 'default'}), batch {batch_size}, "
                f"input {input_len}, output {output_len}")
     click.echo(f"{'mode':<13} {'load s':>7} {'decode ms/step':>15} {'tokens/s':>10} {'weights GB/s':>13} "
                f"{'of peak':>8}")

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 
 import click
 
+from frontend.cli.options import model_argument
+
 DEFAULT_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models", "configs", "qwen3-tiny")
 DEFAULT_TOKENIZER = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models", "tokenizers", "qwen3")
 
@@ -135,8 +137,7 @@ def format_table(results: list[dict], workload: Workload, header: str) -> str:
 
 
 @click.command("throughput")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="HF model directory, .gguf file or built-in name.")
+@model_argument(default=DEFAULT_MODEL, help=f"HF model directory, .gguf file or built-in name (default: {DEFAULT_MODEL}).")
 @click.option("--tokenizer", default=DEFAULT_TOKENIZER, show_default=True)
 @click.option("--load-format", default="dummy", show_default=True)
 @click.option("--dtype", default="bfloat16", show_default=True)

@@ -27,6 +27,7 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
+from frontend.cli.options import model_argument
 from tools.bench_client import ENDPOINT_PATHS, RequestRecord, build_payload, send_request
 from tools.bench_datasets import (
     DATASETS,
@@ -372,7 +373,7 @@ async def first_served_model(client: httpx.AsyncClient, base_url: str) -> tuple[
         response.raise_for_status()
         entry = response.json()["data"][0]
         root = entry.get("root")
-        return entry["id"], root if isinstance(root, str) and _local_model(root) else None
+        return entry["id"], _tokenizer_source(root) if isinstance(root, str) else None
     except (httpx.HTTPError, KeyError, IndexError, ValueError, AttributeError) as e:
         raise BenchError(
             f"cannot read the served model from {base_url}/v1/models ({e}); pass --model"
@@ -383,14 +384,32 @@ def _local_model(path: str) -> bool:
     return os.path.isdir(path) or (path.lower().endswith(".gguf") and os.path.isfile(path))
 
 
+def _tokenizer_source(model: str) -> str | None:
+    """Where `model`'s tokenizer is on this machine: a local directory or GGUF file as named, or the file of a
+    built-in name (a server shows the bundled model by its name, not its path); None when it is elsewhere."""
+    from engine.config import DEMO_NAME
+    from engine.models.bundled import SMOLLM2_NAME, find_smollm2
+
+    if _local_model(model):
+        return model
+    if model == SMOLLM2_NAME:
+        return find_smollm2()
+    if model == DEMO_NAME:
+        from engine.models.demo import ensure_demo_model
+
+        return ensure_demo_model()
+    return None
+
+
 def load_bench_tokenizer(path: str | None, model: str):
     """The tokenizer at `path`, or at `model` when that is a local directory or GGUF file; never downloads."""
     from engine.client.tokenizer import load_tokenizer
     from engine.config import EngineConfig
 
-    path = path or (model if _local_model(model) else None)
+    path = path or _tokenizer_source(model)
     if path is None:
-        raise BenchError(f"no tokenizer: the model {model!r} is not a local directory; pass --tokenizer PATH")
+        raise BenchError(f"no tokenizer: the model {model!r} is not a local directory, GGUF file or built-in "
+                         "name; pass --tokenizer PATH")
     return load_tokenizer(EngineConfig(tokenizer=path))
 
 
@@ -405,9 +424,7 @@ def _floats(text: str) -> list[float]:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--base-url", default="http://127.0.0.1:8000", show_default=True, help="The server's base URL.")
-@click.option(
-    "--model", default=None, help="Model name sent in requests (default: the server's first model)."
-)
+@model_argument(default=None, help="Model name sent in requests (default: the server's first model).")
 @click.option("--served-model-name", default=None, help="Name sent in requests when --model is a path.")
 @click.option("--endpoint", type=click.Choice(list(ENDPOINT_PATHS)), default="completions", show_default=True)
 @click.option(

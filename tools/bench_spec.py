@@ -154,9 +154,9 @@ def cli(model, methods, num_speculative_tokens, prompt_lookup_max, prompt_lookup
         names = list(engines)
         results: dict[tuple[str, str], list[Run]] = {}
         acceptance: dict[tuple[str, str], list[int]] = {}     # (workload, method): drafts, tokens, accepted
-        def measure(workload: str, name: str, run) -> None:
+        def measure(workload: str, name: str, run, *args) -> None:
             before = spec_stats(engines[name])
-            results.setdefault((workload, name), []).append(run(engines[name]))
+            results.setdefault((workload, name), []).append(run(engines[name], *args))
             after = spec_stats(engines[name])
             total = acceptance.get((workload, name), [0, 0, 0])
             acceptance[(workload, name)] = [a + y - x for a, x, y in zip(total, before, after)]
@@ -166,11 +166,11 @@ def cli(model, methods, num_speculative_tokens, prompt_lookup_max, prompt_lookup
             for workload in filter(None, workloads.split(",")):
                 prompts, params = workload_of(workload, r)
                 for name in order:
-                    measure(workload, name, lambda llm: run_serial(llm, prompts, params))
+                    measure(workload, name, run_serial, prompts, params)
             for c in levels:
                 prompts, params = workload_of(c, r)
                 for name in order:
-                    measure(f"c{c}", name, lambda llm: run_concurrent(llm, prompts, params, c))
+                    measure(f"c{c}", name, run_concurrent, prompts, params, c)
             click.echo(f"round {r + 1}/{rounds} done", err=True)
             if json_out:                      # each round's figures so far, should a later one not finish
                 with open(json_out, "w") as f:

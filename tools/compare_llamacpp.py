@@ -67,11 +67,13 @@ def llama_bench_decode(peer: str, gguf: str, threads: int, tokens: int, repetiti
     return float(json.loads(out)[0]["avg_ts"])
 
 
-def ringserve_decode(model: str, dtype: str, threads: int, tokens: int, repetitions: int) -> float:
+def ringserve_decode(model: str, dtype: str, threads: int, tokens: int, repetitions: int,
+                     quantization: str | None = None) -> float:
     """The same shape through ringserve: one request, a one-token prompt, `tokens` generated."""
     from tools.bench_latency import measure
 
-    result = measure(model, None, 1, 1, tokens, repetitions, load_format="auto", dtype=dtype, cpu_threads=threads)
+    result = measure(model, None, 1, 1, tokens, repetitions, load_format="auto", dtype=dtype, cpu_threads=threads,
+                     quantization=quantization)
     return result["output_tokens_per_s"]
 
 
@@ -81,7 +83,8 @@ def _summary(values: list[float]) -> dict:
 
 def format_report(report: dict) -> str:
     rounds = report["rounds"]
-    lines = [f"model: {report['model']} (ringserve {report['dtype']}) vs llama.cpp {report['gguf']}; "
+    lines = [f"model: {report['model']} (ringserve {report['dtype']}, quantization "
+             f"{report.get('quantization') or 'default'}) vs llama.cpp {report['gguf']}; "
              f"{report['threads']} threads; machine: {report['machine']}; {rounds} round(s), median [range]"]
 
     def cell(s: dict) -> str:
@@ -120,6 +123,8 @@ def format_report(report: dict) -> str:
 @click.option("--tokenizer", default=None, help="for the client; default: MODEL (a directory or a GGUF file)")
 @click.option("--dtype", default="auto", show_default=True,
               help="ringserve's dtype (auto: the file's own, float16 for an F16 GGUF)")
+@click.option("--quantization", type=click.Choice(["gguf", "none"]), default=None,
+              help="ringserve's --quantization (default: gguf for a file with quantized tensors: kept in blocks)")
 @click.option("--threads", default=os.cpu_count() or 1, show_default=True,
               help="llama.cpp's -t and ringserve's --cpu-threads")
 @click.option("--slots", default=16, show_default=True, help="llama-server's parallel slots (-np)")
@@ -133,7 +138,7 @@ def format_report(report: dict) -> str:
 @click.option("--serve/--no-serve", default=True)
 @click.option("--decode/--no-decode", default=True)
 @click.option("--out", default=None, help="write the whole report as JSON here")
-def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cache_memory, decode_tokens, rounds,
+def cli(model, gguf, peer_dir, tokenizer, dtype, quantization, threads, slots, context, kv_cache_memory, decode_tokens, rounds,
         prompts_scale, serve, decode, out):
     """Serving latency/throughput and batch-1 decode, ringserve beside llama.cpp, one run."""
     import platform
@@ -149,8 +154,9 @@ def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cac
     if not os.path.isfile(os.path.join(peer_dir, "bin", "llama-server")):
         raise click.UsageError(f"no llama-server in {peer_dir}/bin (build it: ../shared/peers/llama-cpp.sh)")
     flags = dict(dtype=dtype, max_model_len=2048, block_size=16, kv_cache_memory=kv_cache_memory,
-                 max_num_seqs=slots, max_num_batched_tokens=2048, cpu_threads=threads)
-    report: dict = {"model": model, "gguf": gguf, "dtype": dtype, "threads": threads, "rounds": rounds,
+                 max_num_seqs=slots, max_num_batched_tokens=2048, cpu_threads=threads, quantization=quantization)
+    report: dict = {"model": model, "gguf": gguf, "dtype": dtype, "quantization": quantization, "threads": threads,
+                    "rounds": rounds,
                     "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                     "load": {"llama.cpp": [], "ringserve": []}}
     scenarios = tuple(dataclasses.replace(sc, num_prompts=max(sc.max_concurrency, round(sc.num_prompts * prompts_scale)))
@@ -172,7 +178,7 @@ def cli(model, gguf, peer_dir, tokenizer, dtype, threads, slots, context, kv_cac
         if decode:
             click.echo(f"round {r + 1}: batch-1 decode", err=True)
             speeds["llama.cpp"].append(llama_bench_decode(peer_dir, gguf, threads, decode_tokens, 3))
-            speeds["ringserve"].append(ringserve_decode(model, dtype, threads, decode_tokens, 3))
+            speeds["ringserve"].append(ringserve_decode(model, dtype, threads, decode_tokens, 3, quantization))
     if serve:
         report["serve"] = {
             name: [{key: _summary([run[sc.name][key] for run in runs[name]]) for key in SERVE_FIGURES}

@@ -111,6 +111,8 @@ def start_ringserve(model: str, port: int, flags: dict) -> subprocess.Popen:
             "--enable-prefix-caching", "--seed", "0", "--log-level", "warning"]
     if flags.get("cpu_threads"):
         args += ["--cpu-threads", str(flags["cpu_threads"])]
+    if flags.get("quantization"):
+        args += ["--quantization", flags["quantization"]]
     env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 

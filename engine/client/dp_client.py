@@ -22,12 +22,13 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from engine.client.base import EngineClientBase
 from engine.client.engine_client import EngineClient
 from engine.client.router import Router, load_score
 from engine.config import EngineConfig
 from engine.messages import SchedulerStats
-from engine.outputs import EngineDeadError, RequestDelta
-from engine.sampling_params import SamplingParams
+from engine.outputs import EngineDeadError, PoolingRequestOutput, RequestDelta
+from engine.sampling_params import PoolingParams, SamplingParams
 
 
 def device_env(config: EngineConfig, rank: int) -> dict[str, str] | None:
@@ -45,7 +46,7 @@ def device_env(config: EngineConfig, rank: int) -> dict[str, str] | None:
     return {"CUDA_VISIBLE_DEVICES": ",".join(devices[rank * tp:(rank + 1) * tp])}
 
 
-class DPEngineClient:
+class DPEngineClient(EngineClientBase):
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.finalize()
         n = self.config.data_parallel_size
@@ -61,14 +62,10 @@ class DPEngineClient:
         self.max_model_len = first.max_model_len
         self.router: Router | None = None
         self._where: dict[str, int] = {}          # request id -> rank, while it runs
-        self._started = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> DPEngineClient:
+    def _start(self) -> None:
         """Start every rank at once (each blocks on its own handshake); if one fails, stop them all."""
-        if self._started:
-            return self
-        self._started = True
         errors: list[BaseException | None] = [None] * len(self.clients)
 
         def start(rank: int) -> None:
@@ -91,26 +88,26 @@ class DPEngineClient:
         capacity = sum(c.num_blocks for c in self.clients)
         self.router = Router(len(self.clients), self.block_size, self.config.data_parallel_routing,
                              capacity_blocks=capacity)
-        return self
-
-    def __enter__(self) -> DPEngineClient:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown_sync()
-
-    async def shutdown(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.shutdown_sync)
 
     def shutdown_sync(self, timeout: float = 10.0) -> None:
         for client in self.clients:
             client.shutdown_sync(timeout)
+
+    def fail_unfinished(self, error: EngineDeadError) -> None:
+        """End every engine's unfinished requests with `error` and refuse new ones (shutting down)."""
+        for client in self.clients:
+            client.fail_unfinished(error)
 
     # ------------------------------------------------------------------ state
     @property
     def num_blocks(self) -> int:
         """KV blocks of one engine (they are alike); what a single request can use."""
         return min(c.num_blocks for c in self.clients)
+
+    @property
+    def weight_bytes(self) -> dict[str, int]:
+        """One engine's weights by type (every engine holds the same)."""
+        return self.clients[0].weight_bytes
 
     @property
     def pids(self) -> dict[str, int]:
@@ -192,9 +189,25 @@ class DPEngineClient:
         rank = self.route(request_id, prompt_token_ids, cache_salt, data_parallel_rank)
         stream = self.clients[rank].generate(request_id, prompt_token_ids, params, priority=priority,
                                              cache_salt=cache_salt, arrival_time=arrival_time)
+        async for delta in self._relay(rank, request_id, stream):
+            yield delta
+
+    async def encode(self, request_id: str, prompt_token_ids, pooling_params: PoolingParams | None = None, *,
+                     priority: int = 0, arrival_time: float | None = None,
+                     data_parallel_rank: int | None = None) -> AsyncIterator[PoolingRequestOutput]:
+        self._check_alive()
+        self.clients[0].check_task(pooling=True)
+        rank = self.route(request_id, prompt_token_ids, None, data_parallel_rank)
+        stream = self.clients[rank].encode(request_id, prompt_token_ids, pooling_params, priority=priority,
+                                           arrival_time=arrival_time)
+        async for output in self._relay(rank, request_id, stream):
+            yield output
+
+    async def _relay(self, rank: int, request_id: str, stream: AsyncIterator) -> AsyncIterator:
+        """A rank's stream for one request: its death named with the rank, the request forgotten at the end."""
         try:
-            async for delta in stream:
-                yield delta
+            async for item in stream:
+                yield item
         except EngineDeadError as e:
             raise EngineDeadError(f"data-parallel engine {rank}: {e}") from None
         finally:
@@ -221,6 +234,17 @@ class DPEngineClient:
         try:
             self.clients[rank].add_request(request_id, prompt_token_ids, params, priority=priority,
                                            cache_salt=cache_salt)
+        except BaseException:
+            self._where.pop(request_id, None)
+            raise
+
+    def add_pooling_request(self, request_id: str, prompt_token_ids, pooling_params: PoolingParams | None = None,
+                            *, priority: int = 0, data_parallel_rank: int | None = None) -> None:
+        self._check_alive()
+        self.clients[0].check_task(pooling=True)
+        rank = self.route(request_id, prompt_token_ids, None, data_parallel_rank)
+        try:
+            self.clients[rank].add_pooling_request(request_id, prompt_token_ids, pooling_params, priority=priority)
         except BaseException:
             self._where.pop(request_id, None)
             raise

@@ -4,10 +4,12 @@ It starts the scheduler process (which starts the executors), owns the request r
 and the output ring (from it), and turns each step's EngineOutputs into per-request RequestDeltas.
 
 Two faces over one state:
-- asyncio (the server): `generate()` is an async iterator of deltas; a reader thread waits on the output
+- asyncio (the server): `generate()` is an async iterator of deltas (`encode()` of one PoolingRequestOutput,
+  for a pooling model); a reader thread waits on the output
   ring (sleeping on its semaphore, so it never competes with the event loop for the GIL) and hands each
   batch of messages to the loop with one call_soon_threadsafe.
-- blocking (`LLM`): `add_request()` and `poll()`, which reads the output ring in the caller's thread.
+- blocking (`LLM`): `add_request()` / `add_pooling_request()` and `poll()`, which reads the output ring in
+  the caller's thread.
 
 Users name requests with strings; on the rings they are int64 handles. With `in_process=True` the
 scheduler and one executor run inside the caller (no processes, no rings; blocking face only).
@@ -18,14 +20,17 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator
 
 import numpy as np
 
+from engine.client.base import EngineClientBase
 from engine.client.output_processor import RequestCollector, RequestState, deltas_from_outputs
-from engine.client.tokenizer import eos_token_ids, model_generation_defaults
+from engine.client.pooling_requests import PoolingRequests
+from engine.client.tokenizer import eos_token_ids
 from engine.config import EngineConfig
 from engine.messages import (
     HANDLE,
@@ -42,6 +47,7 @@ from engine.messages import (
     SchedulerStats,
     pack,
 )
+from engine.errors import UnsupportedTaskError
 from engine.outputs import EngineDeadError, RequestDelta
 from engine.process import describe_exit, spawn, stop
 from engine.sampling_params import SamplingParams
@@ -50,15 +56,17 @@ from shm.segment import sweep_stale
 from shm.wait import PeerDiedError
 
 READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this often
+logger = logging.getLogger("ringserve.engine")
 
 
-class EngineClient:
+class EngineClient(PoolingRequests, EngineClientBase):
     def __init__(self, config: EngineConfig, env: dict[str, str] | None = None) -> None:
         self.config = config.finalize()
         self._env = env                  # added to the scheduler's environment (a DP rank's devices)
         self.eos_token_ids = eos_token_ids(self.config)
-        self.generation_defaults = model_generation_defaults(self.config)
+        self.generation_defaults = self.config.sampling_defaults.values
         self.num_blocks = 0
+        self.weight_bytes: dict[str, int] = {}         # what the executors' weights take, by type
         self.block_size = self.config.block_size
         self.max_model_len = self.config.max_model_len
         self.pids: dict[str, int] = {}
@@ -67,6 +75,7 @@ class EngineClient:
         self._by_handle: dict[int, RequestState] = {}
         self._by_id: dict[str, int] = {}
         self._dead: EngineDeadError | None = None
+        self._refusing: EngineDeadError | None = None   # set by fail_unfinished: no new requests either
         self._codec_in = Codec(EngineOut)
         self._codec_out = Codec(RequestIn)
         self._write_lock = threading.Lock()
@@ -81,21 +90,18 @@ class EngineClient:
         self._started = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> EngineClient:
-        if self._started:
-            return self
-        self._started = True
+    def _start(self) -> None:
         if self.config.in_process:
             from engine.core.engine_core import EngineCore  # in-process mode only (debugging, unit tests)
             from engine.executor.group import LocalExecutor
 
             self._local = EngineCore(self.config, LocalExecutor(self.config))
             self.num_blocks = self._local.executor.num_blocks
+            self.weight_bytes = dict(self._local.executor.weight_bytes)
             self.pids = dict(self._local.executor.pids)
         else:
             self._start_processes()
         atexit.register(self.shutdown_sync)
-        return self
 
     def _start_processes(self) -> None:
         sweep_stale()
@@ -125,6 +131,7 @@ class EngineClient:
         self._requests.unlink()
         self._outputs.unlink()
         self.num_blocks = msg.num_blocks
+        self.weight_bytes = dict(msg.weight_bytes)
         self.pids = dict(msg.pids)
 
     def _abandon(self) -> None:
@@ -141,15 +148,6 @@ class EngineClient:
         if how is not None:
             raise PeerDiedError(how)
 
-    def __enter__(self) -> EngineClient:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown_sync()
-
-    async def shutdown(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.shutdown_sync)
-
     def shutdown_sync(self, timeout: float = 10.0) -> None:
         if self._closed or not self._started:
             self._closed = True
@@ -157,6 +155,7 @@ class EngineClient:
         self._closed = True
         atexit.unregister(self.shutdown_sync)
         if self._local is not None:
+            self._local.close()
             self._local.executor.shutdown()
             return
         if self._proc.poll() is None and self._dead is None:
@@ -196,18 +195,27 @@ class EngineClient:
     def _check_alive(self) -> None:
         if self._dead is not None:
             raise self._dead
+        if self._refusing is not None:
+            raise self._refusing
         if self._closed:
             raise EngineDeadError("the engine was shut down")
         if not self._started:
             raise RuntimeError("EngineClient.start() was not called")
 
     # ------------------------------------------------------------------ requests
-    def _make_add(self, request_id: str, prompt_token_ids, params: SamplingParams, priority: int,
-                  cache_salt: str | None, arrival_time: float | None) -> AddRequest:
+    def check_task(self, pooling: bool) -> None:
+        """UnsupportedTaskError unless the model serves this kind of request (the message says its kind)."""
+        name = self.config.model_name
+        if pooling and self.config.runner != "pooling":
+            raise UnsupportedTaskError(f"{name} is a generative model (runner 'generate'): it does not compute "
+                                       "embeddings; serve an embedding model, or this one with --runner pooling")
+        if not pooling and self.config.runner == "pooling":
+            raise UnsupportedTaskError(f"{name} is a pooling model (runner 'pooling': embeddings and scores): "
+                                       "it does not generate text")
+
+    def _prompt_array(self, request_id: str, prompt_token_ids) -> np.ndarray:
         if request_id in self._by_id:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if params.n != 1:
-            raise ValueError("the engine takes n == 1 requests; fan out with SamplingParams.child(i)")
         prompt = np.asarray(prompt_token_ids, dtype=np.int64)
         if prompt.ndim != 1 or not len(prompt):
             raise ValueError("the prompt must be a non-empty list of token ids")
@@ -215,6 +223,14 @@ class EngineClient:
         if prompt.min() < 0 or prompt.max() >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); found {int(prompt.max())}"
                              if prompt.max() >= vocab else "prompt token ids must not be negative")
+        return prompt
+
+    def _make_add(self, request_id: str, prompt_token_ids, params: SamplingParams, priority: int,
+                  cache_salt: str | None, arrival_time: float | None) -> AddRequest:
+        self.check_task(pooling=False)
+        if params.n != 1:
+            raise ValueError("the engine takes n == 1 requests; fan out with SamplingParams.child(i)")
+        prompt = self._prompt_array(request_id, prompt_token_ids)
         if len(prompt) >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt)} tokens; this model's max_model_len is {self.max_model_len}, "
@@ -225,7 +241,7 @@ class EngineClient:
                 f"the prompt needs {blocks_needed} KV blocks but the cache holds {self.num_blocks - 1}")
         if not params.is_resolved:
             params = params.resolved(self.generation_defaults)
-        params.validate_against(vocab_size=vocab, max_logprobs=self.config.max_logprobs)
+        params.validate_against(vocab_size=self.config.vocab_size, max_logprobs=self.config.max_logprobs)
         return AddRequest(
             req=next(self._handles), prompt_token_ids=pack(prompt), params=params,
             eos_token_ids=self.eos_token_ids,
@@ -234,7 +250,7 @@ class EngineClient:
         )
 
     def _register(self, msg: AddRequest, request_id: str, collector: RequestCollector | None) -> None:
-        self._by_handle[msg.req] = RequestState(request_id, collector)
+        self._by_handle[msg.req] = RequestState(request_id, collector, pooling=msg.pooling)
         self._by_id[request_id] = msg.req
         try:
             self._send(msg)
@@ -268,12 +284,7 @@ class EngineClient:
     async def generate(self, request_id: str, prompt_token_ids, params: SamplingParams, *,
                        priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
                        data_parallel_rank: int | None = None) -> AsyncIterator[RequestDelta]:
-        self._check_alive()
-        if data_parallel_rank not in (None, 0):
-            raise ValueError(f"data-parallel rank {data_parallel_rank} does not exist: one engine runs")
-        if self._local is not None:
-            raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
-        self._ensure_reader()
+        self._start_async_request(data_parallel_rank)
         msg = self._make_add(request_id, prompt_token_ids, params, priority, cache_salt, arrival_time)
         collector = RequestCollector()
         self._register(msg, request_id, collector)
@@ -288,6 +299,14 @@ class EngineClient:
         finally:
             if not finished:
                 self._abort_handle(msg.req)
+
+    def _start_async_request(self, data_parallel_rank: int | None) -> None:
+        self._check_alive()
+        if data_parallel_rank not in (None, 0):
+            raise ValueError(f"data-parallel rank {data_parallel_rank} does not exist: one engine runs")
+        if self._local is not None:
+            raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
+        self._ensure_reader()
 
     async def abort(self, request_id: str) -> None:
         handle = self._by_id.get(request_id)
@@ -420,9 +439,26 @@ class EngineClient:
         elif isinstance(msg, EngineDead):
             self._set_dead(EngineDeadError(msg.message))
 
+    def fail_unfinished(self, error: EngineDeadError) -> None:
+        """End every unfinished request with `error` (aborted in the engine) and refuse new ones: the
+        server is shutting down and will not wait for them any longer."""
+        self._refusing = error
+        handles = list(self._by_handle)
+        if handles and self._dead is None and not self._closed:
+            try:
+                self._send(AbortRequests(reqs=pack(handles, HANDLE)))
+            except EngineDeadError:
+                pass
+        self._fail_all(error)
+
     def _set_dead(self, error: EngineDeadError) -> None:
         if self._dead is None:
             self._dead = error
+            if not self._closed:
+                rank = self.config.data_parallel_rank
+                where = f"data-parallel engine {rank}: " if self.config.data_parallel_size > 1 else ""
+                logger.error("the engine died: %s%s; its requests failed, /health answers 503 and new requests "
+                             "are refused", where, error)
         self._fail_all(self._dead)
 
     def _fail_all(self, error: EngineDeadError) -> None:

@@ -12,8 +12,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.client.pooling import finish_vector
 from engine.messages import FINISH_REASONS, FLOAT, HANDLE, TOKEN, EngineOutputs, Logprobs, unpack
 from engine.outputs import EngineDeadError, RequestDelta, TokenLogprobs
+from engine.sampling_params import PoolingParams
 
 
 @dataclass(slots=True)
@@ -21,6 +23,7 @@ class RequestState:
     request_id: str
     collector: RequestCollector | None     # async face; None for the blocking face
     prompt_logprobs_started: bool = False
+    pooling: PoolingParams | None = None   # a pooling request's params, resolved (normalize is a bool)
 
 
 class RequestCollector:
@@ -52,6 +55,7 @@ class RequestCollector:
         pending.stop_reason = delta.stop_reason
         pending.timestamp = delta.timestamp
         pending.error = delta.error
+        pending.pooled = delta.pooled
 
     def fail(self, error: EngineDeadError) -> None:
         self.error = error
@@ -107,6 +111,13 @@ def deltas_from_outputs(out: EngineOutputs, by_handle: dict[int, RequestState],
                 state.prompt_logprobs_started = True
                 rows = [None, *rows]
             delta.prompt_logprobs = rows
+    if out.pooled_reqs:
+        handles = unpack(out.pooled_reqs, HANDLE).tolist()
+        vectors = unpack(out.pooled, FLOAT).reshape(len(handles), -1)
+        for handle, vector in zip(handles, vectors):
+            delta = delta_for(handle)
+            if delta is not None:
+                delta.pooled = finish_vector(vector, states[handle].pooling)
     errors = dict(out.errors) if out.errors else None
     finished = unpack(out.finished_reqs, HANDLE).tolist()
     for handle, reason, stop_reason in zip(finished, out.finish_reasons, out.stop_reasons):

@@ -1,11 +1,10 @@
-"""Loading the tokenizer and the model's generation defaults, shared by the frontend and `LLM`."""
+"""Loading the tokenizer and the model's EOS ids, shared by the frontend and `LLM`."""
 
 from __future__ import annotations
 
 import os
 
 from engine.config import EngineConfig
-from engine.sampling_params import generation_defaults
 
 
 def load_tokenizer(config: EngineConfig):
@@ -30,7 +29,7 @@ def load_tokenizer(config: EngineConfig):
 
 def eos_token_ids(config: EngineConfig, tokenizer=None) -> list[int]:
     """EOS ids: generation_config.json's eos_token_id (int or list), else the tokenizer's."""
-    ids = config.generation_config().get("eos_token_id")
+    ids = config.model_generation_config().get("eos_token_id")
     if ids is None:
         ids = config.hf_config().get("eos_token_id")
     if ids is None and tokenizer is not None:
@@ -39,7 +38,3 @@ def eos_token_ids(config: EngineConfig, tokenizer=None) -> list[int]:
         return []
     return sorted({int(i) for i in (ids if isinstance(ids, list) else [ids])})
 
-
-def model_generation_defaults(config: EngineConfig) -> dict:
-    """Sampling defaults from generation_config.json (temperature, top_p, top_k, ...)."""
-    return generation_defaults(config.generation_config())

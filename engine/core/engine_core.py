@@ -17,7 +17,7 @@ from collections import deque
 
 from engine.config import EngineConfig
 from engine.core.kv_events import make_publisher
-from engine.core.scheduler import Scheduler
+from engine.core.pooling_scheduler import make_scheduler
 from engine.executor.group import Executor
 from engine.messages import (
     FINISH_ABORT,
@@ -38,7 +38,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig, executor: Executor) -> None:
         self.config = config
         self.executor = executor
-        self.scheduler = Scheduler(config, executor.num_blocks)
+        self.scheduler = make_scheduler(config, executor.num_blocks)
         self.step_count = 0
         self._rejected: list[int] = []
         self._in_flight: deque = deque()           # async: submitted steps whose results are not applied
@@ -46,6 +46,7 @@ class EngineCore:
         self.kv_event_publisher = make_publisher(config)   # None unless --kv-events-config asks for it
 
     def close(self) -> None:
+        self.scheduler.grammars.close()
         if self.kv_event_publisher is not None:
             self.kv_event_publisher.shutdown()
             self.kv_event_publisher = None

@@ -44,6 +44,7 @@ def main() -> int:
         outputs.write(codec_out.encode(EngineReady(
             num_blocks=executors.num_blocks, block_size=config.block_size,
             max_model_len=config.max_model_len, pids={"scheduler": os.getpid(), **executors.pids},
+            weight_bytes=executors.weight_bytes,
         )))
         _loop(core, requests, outputs, codec_out)
         executors.shutdown()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine.speculative_config import SpeculativeConfig
+from engine.config import SpeculativeConfig
 
 
 def make_proposer(config: SpeculativeConfig) -> NgramProposer | SuffixProposer:

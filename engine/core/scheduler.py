@@ -143,6 +143,9 @@ class Scheduler:
         max_model_len, or more KV blocks than the pool has) or when its handle is in use."""
         if msg.req in self.requests:
             raise ValueError(f"request handle {msg.req} is already in use")
+        if msg.pooling is not None:
+            raise ValueError(f"request {msg.req} asks for pooling (an embedding), but this engine runs a "
+                             "generative model")
         request = Request.from_add_request(msg, self.max_model_len)
         # The last sampled token is never computed, so a request holds at most max_num_tokens - 1 slots.
         blocks_needed = cdiv(request.max_num_tokens - 1, self.block_size)

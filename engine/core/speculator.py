@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import math
 
+from engine.config import SpeculativeConfig
 from engine.core.proposers import make_proposer
 from engine.core.request import Request
 from engine.messages import TOKEN, DraftTokens, Logprobs, RequestLogprobs, pack
-from engine.speculative_config import SpeculativeConfig
 
 MAX_PAUSE_TOKENS = 4096
 # a new request's acceptance estimate: worth this many checked draft positions at this rate (it fades with

@@ -1,24 +1,27 @@
 """Structured outputs in the scheduler: grammar compiles off the step loop, one matcher per request, and the
 per-step token bitmask that travels to the executors with the SchedulerOutput.
 
-- `submit` starts (or joins) the compile of a request's constraint on a small thread pool; compiles are
-  keyed by the constraint, so the n children of one API request and repeated schemas share one compile
-  (an LRU of key -> Future). xgrammar's compile releases the GIL, so the step loop keeps running.
+- `submit` starts (or joins) the compile of a request's constraint in the compile pool (worker processes,
+  engine/core/compile_pool.py); compiles are keyed by the constraint, so the n children of one API request
+  and repeated schemas share one compile (an LRU of key -> job, bounded in count and in bytes). Past
+  MAX_PENDING_COMPILES distinct compiles waiting, a new one is refused at once as busy (503 with
+  Retry-After at the API) rather than queued without bound.
 - `poll` tells the scheduler whether a waiting request's grammar is ready (it then gets its own matcher,
-  with the request's EOS ids as the grammar's stop tokens), failed, or past its deadline.
+  with the request's EOS ids as the grammar's stop tokens), failed, or past its deadline. The deadline runs
+  from submission (time queued behind other compiles counts; see CompilePool.clock), and an overdue compile
+  is stopped for real: its worker process is killed.
 - `fill` writes the masks of this step's sampling rows into one preallocated [max_num_seqs, W] int32 buffer
   in a single batched call (C++ threads, no GIL) and returns them as `GrammarRows`.
 - `accept` advances a matcher by the sampled token (by each accepted token, under speculative decoding).
 
-xgrammar and the tokenizer are imported and loaded in the compile worker at the first structured request:
-the scheduler process stays torch-free until then (xgrammar imports torch).
+xgrammar (which imports torch) is imported at the first structured request; the tokenizer is loaded only
+in the compile workers, never in the scheduler.
 """
 
 from __future__ import annotations
 
+import math
 import os
-import queue
-import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -26,48 +29,27 @@ from concurrent.futures import Future
 import numpy as np
 
 from engine.config import EngineConfig
+from engine.core.compile_pool import WORKER_MODULE, CompilePool, CompileTask
+from engine.errors import busy_message
 from engine.messages import GrammarRows
 from engine.sampling_params import StructuredOutputsParams
-from engine.structured_spec import to_grammar, words_per_row
+from engine.structured_spec import words_per_row
 
 MAX_CACHED_GRAMMARS = 256
-
-
-class _CompilePool:
-    """A few daemon threads running compiles. Not a ThreadPoolExecutor: its threads are joined at interpreter
-    exit, and an xgrammar compile cannot be cancelled, so one pathological grammar would hold up the
-    scheduler's exit for as long as it runs."""
-
-    def __init__(self, num_threads: int) -> None:
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        for i in range(num_threads):
-            threading.Thread(target=self._work, name=f"ringserve-grammar-{i}", daemon=True).start()
-
-    def submit(self, fn, *args) -> Future:
-        future: Future = Future()
-        self._tasks.put((future, fn, args))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            future, fn, args = self._tasks.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001  handed to the request, never lost
-                future.set_exception(e)
+MAX_CACHED_BYTES = 256 << 20
+MAX_PENDING_COMPILES = 64           # distinct compiles queued or running; more are refused as busy
+WORKER_START_LIMIT_S = 120.0        # wall time a compile may wait for a worker that never becomes ready
 
 
 class CompileJob:
-    """One compile, shared by every request with the same constraint. Its deadline runs from when the
-    compile starts, so time spent queued or loading xgrammar and the vocabulary (first request) is free."""
+    """One compile, shared by every request with the same constraint."""
 
-    __slots__ = ("future", "started")
+    __slots__ = ("task", "error", "size")
 
-    def __init__(self) -> None:
-        self.future: Future | None = None
-        self.started: float | None = None
+    def __init__(self, task: CompileTask | None, error: str | None = None) -> None:
+        self.task = task
+        self.error = error                  # refused before it was queued (busy), or stopped (overdue)
+        self.size = 0                       # bytes of the compiled grammar, once charged to the cache
 
 
 class RequestGrammar:
@@ -86,18 +68,16 @@ class RequestGrammar:
 
 class GrammarManager:
     def __init__(self, config: EngineConfig) -> None:
+        self.config = config
         self.vocab_size = config.vocab_size
         self.words = words_per_row(config.vocab_size)
         self.max_rows = config.max_num_seqs
         self.timeout_s = config.grammar_compile_timeout_s
-        self.tokenizer_path = config.tokenizer_path
-        self.has_tokenizer = not config.skip_tokenizer_init
-        self._threads = config.grammar_compile_threads
-        self._pool: _CompilePool | None = None
+        self.max_workers = config.grammar_compile_workers
+        self.worker_module = WORKER_MODULE      # tests substitute a worker that can be held
+        self._pool: CompilePool | None = None
         self._jobs: OrderedDict[tuple, CompileJob] = OrderedDict()
-        self._compiler = None
-        self._compiler_lock = threading.Lock()
-        self._stop_token_ids: list[int] = []
+        self._cached_bytes = 0
         self._batch = None
         self._bitmask: np.ndarray | None = None
 
@@ -106,67 +86,71 @@ class GrammarManager:
         """Start or join the compile of `so`; the request waits for it (see poll)."""
         key = so.key
         job = self._jobs.get(key)
-        if job is None:
-            if self._pool is None:
-                self._pool = _CompilePool(self._threads)
-                self._stop_token_ids = list(eos_token_ids)
-            job = CompileJob()
-            job.future = self._pool.submit(self._compile, so, job)
-            self._jobs[key] = job
-            if len(self._jobs) > MAX_CACHED_GRAMMARS:
-                self._jobs.popitem(last=False)
-        else:
+        if job is not None:
             self._jobs.move_to_end(key)
+            return RequestGrammar(job)
+        if self._pool is None:
+            self._pool = CompilePool(self.config, eos_token_ids, self.max_workers, self.worker_module)
+        if self._pool.pending() >= MAX_PENDING_COMPILES:
+            return RequestGrammar(CompileJob(None, busy_message(
+                f"structured_outputs: {MAX_PENDING_COMPILES} grammars are already compiling or waiting to; "
+                "retry later", math.ceil(self.timeout_s))))
+        job = CompileJob(self._pool.submit(so))
+        self._jobs[key] = job
+        self._evict()
         return RequestGrammar(job)
 
     def poll(self, grammar: RequestGrammar, eos_token_ids: list[int]) -> str | None:
         """None when the grammar is ready (its matcher made) or still compiling (matcher None); else the
         error that ends the request."""
         job = grammar.job
-        future = job.future
+        if job.error is not None:
+            return job.error
+        task = job.task
+        future: Future = task.future
         if not future.done():
-            if job.started is not None and time.monotonic() > job.started + self.timeout_s:
-                self._forget(job)
-                return (f"structured_outputs: compiling the grammar took longer than {self.timeout_s:g} s "
-                        "(--grammar-compile-timeout); simplify the schema or pattern")
-            return None
-        error = future.exception()
-        if error is not None:
+            pool = self._pool
+            pool.maintain()
+            overdue = (pool.clock() - task.clock_at_submit > self.timeout_s
+                       or time.monotonic() - task.submitted > self.timeout_s + WORKER_START_LIMIT_S)
+            if not overdue:
+                return None
+            job.error = (f"structured_outputs: compiling the grammar took longer than {self.timeout_s:g} s "
+                         "(--grammar-compile-timeout); simplify the schema or pattern")
+            pool.stop(task)           # every request sharing the job reads job.error from now on
             self._forget(job)
-            text = str(error)
-            return text if isinstance(error, ValueError) else f"structured_outputs: compile failed: {text}"
+            return job.error
+        error = None if future.cancelled() else future.exception()
+        if future.cancelled() or error is not None:
+            self._forget(job)
+            return str(error) if error is not None else "structured_outputs: the compile was stopped"
         import xgrammar as xgr
 
-        grammar.matcher = xgr.GrammarMatcher(future.result(), override_stop_tokens=eos_token_ids or None)
+        compiled = future.result()
+        if not job.size and job in self._jobs.values():
+            job.size = compiled.memory_size_bytes
+            self._cached_bytes += job.size
+            self._evict()
+        grammar.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=eos_token_ids or None)
         return None
+
+    def close(self) -> None:
+        """Stop the compile workers (the scheduler is leaving)."""
+        if self._pool is not None:
+            self._pool.close()
 
     def _forget(self, job: CompileJob) -> None:
         """A failed or overdue compile leaves the cache, so that a repeat of the spec tries again."""
         for key, cached in list(self._jobs.items()):
             if cached is job:
                 del self._jobs[key]
+                self._cached_bytes -= job.size
 
-    def _compile(self, so: StructuredOutputsParams, job: CompileJob):
-        compiler = self._get_compiler()
-        job.started = time.monotonic()
-        return compiler.compile_grammar(to_grammar(so))
-
-    def _get_compiler(self):
-        with self._compiler_lock:
-            if self._compiler is None:
-                if not self.has_tokenizer:
-                    raise ValueError("structured_outputs need the tokenizer, and this engine runs with "
-                                     "skip_tokenizer_init")
-                import xgrammar as xgr
-                from transformers import AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, use_fast=True,
-                                                          local_files_only=True)
-                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
-                                                          stop_token_ids=self._stop_token_ids or None)
-                self._compiler = xgr.GrammarCompiler(info, max_threads=self._threads,
-                                                     cache_limit_bytes=256 << 20)
-            return self._compiler
+    def _evict(self) -> None:
+        """Oldest first, past the cache's count or bytes (a pathological grammar compiles to megabytes)."""
+        while len(self._jobs) > MAX_CACHED_GRAMMARS or self._cached_bytes > MAX_CACHED_BYTES:
+            _, job = self._jobs.popitem(last=False)
+            self._cached_bytes -= job.size
 
     # ------------------------------------------------------------------ per step
     def fill(self, positions: list[int], matchers: list, drafts: list[list[int]] | None = None) -> GrammarRows:

@@ -30,6 +30,9 @@ class FakeModelRunner:
     def load(self) -> None:
         pass
 
+    def weight_bytes(self) -> dict[str, int]:
+        return {}
+
     def available_blocks(self) -> int:
         blocks_per_seq = -(-self.config.max_model_len // self.config.block_size)
         return self.config.num_gpu_blocks_override or self.config.max_num_seqs * blocks_per_seq + 1

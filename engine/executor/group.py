@@ -42,6 +42,7 @@ class Executor(Protocol):
     """What EngineCore needs from whatever runs the model."""
 
     num_blocks: int
+    weight_bytes: dict[str, int]           # by GGUF block type or dtype, every rank's together
 
     @property
     def pids(self) -> dict[str, int]: ...
@@ -65,11 +66,16 @@ class Executor(Protocol):
 
 
 def make_model_runner(config: EngineConfig, rank: int = 0, tp_size: int = 1):
-    """The model runner for config.load_format; the fake one imports no torch and starts in a blink."""
+    """The model runner for config.load_format and config.runner; the fake one imports no torch and starts in
+    a blink."""
     if config.load_format == "fake":
         from engine.executor.fake_runner import FakeModelRunner
 
         return FakeModelRunner(config, rank, tp_size)
+    if config.runner == "pooling":
+        from engine.executor.pooling_runner import EncoderModelRunner, PoolingModelRunner
+
+        return (EncoderModelRunner if config.is_encoder else PoolingModelRunner)(config, rank, tp_size)
     from engine.executor.model_runner import ModelRunner
 
     return ModelRunner(config, rank, tp_size)
@@ -83,6 +89,7 @@ class LocalExecutor:
         self.runner = make_model_runner(config)
         self.runner.load()
         self.num_blocks = self.runner.available_blocks()
+        self.weight_bytes = self.runner.weight_bytes()
         self.runner.initialize_kv_cache(self.num_blocks)
         self._results: deque[ModelRunnerOutput | None] = deque()
 
@@ -128,6 +135,7 @@ class ExecutorGroup:
         self.procs = []
         self.broadcast = BroadcastRing.create(config.ring_bytes, self.tp, spin_us=self.spin_us)
         self.results = [SpscRing.create(config.result_ring_bytes, spin_us=self.spin_us) for _ in range(self.tp)]
+        self.weight_bytes: dict[str, int] = {}
         try:
             self._spawn()
             self.num_blocks = self._handshake()
@@ -164,6 +172,8 @@ class ExecutorGroup:
             if not isinstance(msg, ExecutorReady):
                 raise ExecutorError(f"executor rank {rank} sent {type(msg).__name__} during startup")
             blocks.append(msg.num_blocks)
+            for kind, count in msg.weight_bytes.items():
+                self.weight_bytes[kind] = self.weight_bytes.get(kind, 0) + count
         self.broadcast.unlink()
         for ring in self.results:
             ring.unlink()

@@ -23,7 +23,7 @@ from engine.messages import (
     ExecutorReply,
     SchedulerOutput,
 )
-from engine.process import child_args, error_text, parent_check
+from engine.process import child_args, configure_logging, error_text, parent_check
 from shm.broadcast import BroadcastRing
 from shm.ring import RingSpec, SpscRing
 from shm.wait import PeerDiedError
@@ -32,6 +32,7 @@ from shm.wait import PeerDiedError
 def main() -> int:
     args = child_args()
     config = EngineConfig.from_json(args["config"])
+    configure_logging(config.log_level)
     rank, tp = args["rank"], config.tensor_parallel_size
     spin = config.spin_window_us
     broadcast = BroadcastRing.attach(RingSpec.from_json(args["broadcast"]), rank, spin_us=spin)
@@ -43,7 +44,7 @@ def main() -> int:
     try:
         runner = _start(config, rank, tp, args)
         result.write(out_codec.encode(ExecutorReady(rank=rank, num_blocks=runner.available_blocks(),
-                                                    pid=os.getpid())))
+                                                    pid=os.getpid(), weight_bytes=runner.weight_bytes())))
         _serve(runner, rank, broadcast, result, out_codec)
         return 0
     except PeerDiedError:
@@ -69,7 +70,7 @@ def _start(config: EngineConfig, rank: int, tp: int, args: dict):
     if config.resolved_device == "cpu":
         from engine.executor.cpu_memory import reuse_freed_memory
 
-        torch.set_num_threads(config.cpu_threads or max(1, (os.cpu_count() or 1) // tp))
+        torch.set_num_threads(config.executor_threads)
         reuse_freed_memory()
     else:
         torch.cuda.set_device(rank)                  # before NCCL init: one GPU per rank

@@ -68,6 +68,8 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         backend = self.config.attention_backend or ("triton" if self.device.type == "cuda" else "torch")
         self.attention_backend = get_attention_backend(backend)
+        self._note("loading the weights: %s as %s on %s", self.config.model, self.config.resolved_dtype,
+                   self.device)
         self.model = load_model(
             self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
             attention_backend=backend, progress=self.rank == 0,
@@ -79,25 +81,46 @@ class ModelRunner:
         self.sampler = Sampler(full_row_draw=cpu_avx2.sample_exp_rows if on_cpu_kernels else None)
         self.words_per_row = words_per_row(self.config.vocab_size)
 
+    def weight_bytes(self) -> dict[str, int]:
+        """Bytes this rank's weights take, by GGUF block type (weights kept quantized) or dtype."""
+        from engine.models.gguf_quantized import weight_bytes_by_type
+
+        return weight_bytes_by_type(self.model)
+
     @property
     def bytes_per_block(self) -> int:
         m = self.model
         element = torch.empty((), dtype=self.dtype).element_size()
         return m.num_layers * 2 * self.block_size * m.num_kv_heads * m.head_dim * element
 
+    def _note(self, message: str, *args) -> None:
+        """A startup note, from rank 0 only (every rank does the same)."""
+        if self.rank == 0:
+            logger.info(message, *args)
+
     def available_blocks(self) -> int:
-        """How many KV blocks this rank can hold: from --kv-cache-memory on the CPU, from a profiling
-        forward and --gpu-memory-utilization on CUDA. Capped at what max_num_seqs full-length sequences
-        could ever use (plus the null block)."""
+        """How many KV blocks this rank can hold: from --kv-cache-memory (default on the CPU: see
+        cpu_memory.default_kv_cache_bytes), or from a profiling forward and --gpu-memory-utilization on
+        CUDA. Capped at what max_num_seqs full-length sequences could ever use (plus the null block)."""
         config = self.config
+        blocks_per_seq = -(-config.max_model_len // self.block_size)
+        needed = blocks_per_seq + 1
+        usable = config.max_num_seqs * blocks_per_seq + 1
         if config.num_gpu_blocks_override:
             budget_blocks = config.num_gpu_blocks_override
         elif self.device.type == "cuda":
+            self._note("profiling memory: a forward pass of %d tokens", config.max_num_batched_tokens)
             budget_blocks = self._profile_gpu_blocks()
-        else:
+        elif config.kv_cache_memory is not None:
             budget_blocks = config.kv_cache_memory // self.bytes_per_block
-        blocks_per_seq = -(-config.max_model_len // self.block_size)
-        needed = blocks_per_seq + 1
+        else:
+            from engine.executor.cpu_memory import default_kv_cache_bytes
+
+            size, reason = default_kv_cache_bytes(usable * self.bytes_per_block, needed * self.bytes_per_block,
+                                                  config.tensor_parallel_size * config.data_parallel_size)
+            budget_blocks = size // self.bytes_per_block
+            self._note("KV cache: %d tokens (%.2f GiB: %s; --kv-cache-memory sets it)",
+                       (min(budget_blocks, usable) - 1) * self.block_size, size / (1 << 30), reason)
         if budget_blocks < needed:
             raise RuntimeError(
                 f"the KV cache holds {budget_blocks} blocks of {self.block_size} tokens, but one sequence of "
@@ -105,7 +128,7 @@ class ModelRunner:
                 f"memory (--kv-cache-memory on the CPU, --gpu-memory-utilization on a GPU; "
                 f"{self.bytes_per_block * needed} bytes are needed) or lower --max-model-len"
             )
-        return int(min(budget_blocks, config.max_num_seqs * blocks_per_seq + 1))
+        return int(min(budget_blocks, usable))
 
     def _profile_gpu_blocks(self) -> int:
         """Size the cache from what is left of gpu_memory_utilization x total after the weights, the peak
@@ -187,8 +210,17 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         m = self.model
         shape = (2, num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)]
+        if self.device.type == "cpu":
+            from engine.executor.cpu_memory import zeroed_on_demand
+
+            self.kv_caches = zeroed_on_demand(m.num_layers, shape, self.dtype)
+        else:
+            self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                              for _ in range(m.num_layers)]
         self.num_blocks = num_blocks
+        if self.device.type == "cuda":
+            self._note("warming up: %s", "attention kernels" + ("" if self.config.enforce_eager else
+                                                                 ", CUDA graphs"))
         if self.device.type == "cuda" and self.attention_backend.name == "triton":
             from engine.executor.kernel_warmup import warm_up_attention_kernels
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers import onednn_matmul
 from kernels import cpu_avx2
 
 HALF = (torch.bfloat16, torch.float16)
@@ -86,9 +87,21 @@ class UpcastMatmul:
     compute_bias: torch.Tensor | None = None
     upcast_min_rows = 2
     gemm16 = False                  # set by upcast() where kernels/cpu_avx2 runs
+    onednn_weight: torch.Tensor | None = None   # float32 weights packed for oneDNN (engine/layers/onednn_matmul.py)
+    qweight = None                  # a quantized weight in place of `weight` (engine/layers/quantized.py)
+    # Quantized, this path hands its activations to the CPU kernels in two 8-bit planes (~15 bits; see
+    # kernels/cpu_quant.gemm_q): it runs prefill chunks, mixed steps and the LM head, whose rounding decides
+    # the first token and every sampled one. One plane (8 bits, as llama.cpp's Q8 activations) made SmolLM2
+    # Q4_1 agree with its dequantized self on the top token at 96.1 % of a text's positions and turned its
+    # README answer "The capital of France is Paris." into llama.cpp's own "L'Étoile, la Marseillaise, ...";
+    # two planes: 99.8 %, and the same answer. The fused decode step (engine/models/cpu_decode.py) keeps one
+    # plane, where the layers' matmuls are the step's time.
+    precise_activations = True
 
     def upcast(self) -> None:
         self.upcast_done = True
+        if self.qweight is not None:        # quantized matmuls take float32 activations as they are
+            return
         self.gemm16 = cpu_avx2.available() and self.weight.is_contiguous()
         if not keeps_float32_copies(self.weight.dtype):
             return
@@ -108,7 +121,12 @@ class UpcastMatmul:
         return "native" if self.compute_weight is None else "copy"
 
     def matmul_float(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor | None:
-        """x @ Wᵀ (+ b) in float32 on the upcast path; None where the layer was not upcast."""
+        """x @ Wᵀ (+ b) in float32 on the upcast path (or x's dtype on a GPU for a quantized weight); None
+        where the layer was not upcast and is not quantized."""
+        if self.qweight is not None:
+            y = self.qweight.matmul(x, precise=self.precise_activations)
+            bias = getattr(self, "bias", None) if with_bias else None
+            return y if bias is None else y.add_(bias)
         route = self._route(x.shape[0])
         if route == "copy":
             return F.linear(x.float(), self.compute_weight, self.compute_bias if with_bias else None)
@@ -124,12 +142,15 @@ class UpcastMatmul:
         """x @ Wᵀ + b left in the weights' 16-bit dtype where this layer gives x to torch's native 16-bit
         matmul (a large input on a CPU with the dtype's instruction), else None: a caller whose next step
         reads 16 bits anyway (SwiGLU before the down projection) skips widening the product to float32."""
-        if self._route(x.shape[0]) != "native":
+        if self.qweight is not None or self._route(x.shape[0]) != "native":
             return None
         return F.linear(x.to(self.weight.dtype), self.weight, getattr(self, "bias", None))
 
     def matmul(self, x: torch.Tensor, with_bias: bool = True, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x @ Wᵀ (+ b) in `out_dtype` (default: x's)."""
+        if self.onednn_weight is not None:
+            y = onednn_matmul.linear(x, self.onednn_weight, self.bias if with_bias else None)
+            return y if out_dtype is None else y.to(out_dtype)
         y = self.matmul_float(x, with_bias)
         if y is None:       # activations may be float32 over 16-bit weights (engine/models/llama.py)
             y = F.linear(x.to(self.weight.dtype), self.weight, self.bias if with_bias else None)

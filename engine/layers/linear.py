@@ -15,6 +15,7 @@ from torch import nn
 
 from engine.distributed import all_reduce
 from engine.layers.cpu_matmul import UpcastMatmul
+from engine.layers.quantized import QuantizedMatmul, QuantizedSource
 from engine.layers.weights import CheckpointWeights, ShardId, WeightSource, new_parameter
 
 
@@ -28,7 +29,7 @@ class OutputShard:
     offset: int        # where those rows sit in the rank's fused weight
 
 
-class ColumnParallelLinear(UpcastMatmul, CheckpointWeights, nn.Module):
+class ColumnParallelLinear(UpcastMatmul, QuantizedMatmul, CheckpointWeights, nn.Module):
     """Y = X Wᵀ + b with W's output rows split across ranks.
 
     W may fuse several checkpoint tensors (q/k/v, gate/up), each sharded on its own and stacked on the rank
@@ -59,6 +60,13 @@ class ColumnParallelLinear(UpcastMatmul, CheckpointWeights, nn.Module):
         param.data.narrow(0, shard.offset, shard.local_size).copy_(
             source.narrow(0, shard.start, shard.local_size)
         )
+
+    def quantized_part(self, source: QuantizedSource, shard_id: ShardId) -> QuantizedSource:
+        shard = self.shards[shard_id]
+        return source.narrow(0, shard.start, shard.local_size)
+
+    def part_order(self) -> list[ShardId]:
+        return list(self.shards)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -102,7 +110,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.q_size, self.kv_size = q_rows, kv_rows
 
 
-class RowParallelLinear(UpcastMatmul, CheckpointWeights, nn.Module):
+class RowParallelLinear(UpcastMatmul, QuantizedMatmul, CheckpointWeights, nn.Module):
     """Y = X Wᵀ + b with W's input columns split across ranks; the partial products are all-reduced."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, *, tp_rank: int, tp_size: int,
@@ -132,6 +140,12 @@ class RowParallelLinear(UpcastMatmul, CheckpointWeights, nn.Module):
             param.data.copy_(source.narrow(1, self.start, self.local_input))
         else:
             param.data.copy_(source.read())
+
+    def takes_blocks(self, block: int) -> bool:
+        return self.local_input % block == 0
+
+    def quantized_part(self, source: QuantizedSource, shard_id: ShardId) -> QuantizedSource:
+        return source if self.tp_size == 1 else source.narrow(1, self.start, self.local_input)
 
 
 def _split(size: int, parts: int, what: str) -> int:

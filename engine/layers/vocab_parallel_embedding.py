@@ -12,12 +12,14 @@ from torch import nn
 
 from engine.distributed import all_gather, all_reduce
 from engine.layers.cpu_matmul import UpcastMatmul
+from engine.layers.quantized import QuantizedMatmul, QuantizedSource
 from engine.layers.weights import CheckpointWeights, ShardId, WeightSource, new_parameter
 
 
-class VocabParallelEmbedding(CheckpointWeights, nn.Module):
+class VocabParallelEmbedding(QuantizedMatmul, CheckpointWeights, nn.Module):
     """Embedding lookup where each rank holds a slice of the vocabulary; ids outside the slice contribute
-    zeros and the ranks' partial embeddings are all-reduced."""
+    zeros and the ranks' partial embeddings are all-reduced. A quantized table (`qweight`) is dequantized
+    row by row as it is looked up, into the layer's dtype (what the dequantized table would hold)."""
 
     def __init__(self, vocab_size: int, hidden_size: int, *, tp_rank: int, tp_size: int, dtype: torch.dtype):
         super().__init__()
@@ -30,11 +32,16 @@ class VocabParallelEmbedding(CheckpointWeights, nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
         local_ids = (input_ids - self.vocab_start).masked_fill_(outside, 0)
-        embeddings = F.embedding(local_ids, self.weight).masked_fill_(outside[:, None], 0)
+        embeddings = self._lookup(local_ids).masked_fill_(outside[:, None], 0)
         return all_reduce(embeddings)
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.qweight is None:
+            return F.embedding(ids, self.weight)
+        return self.qweight.rows(ids).to(self.weight.dtype)
 
     def checkpoint_shape(self, param: nn.Parameter, shard_id: ShardId = None) -> tuple[int, ...]:
         return (self.vocab_size, param.shape[1])
@@ -44,6 +51,13 @@ class VocabParallelEmbedding(CheckpointWeights, nn.Module):
         if kept:
             param.data[:kept].copy_(source.narrow(0, self.vocab_start, kept))
         param.data[kept:].zero_()
+
+    def quantized_part(self, source: QuantizedSource, shard_id: ShardId) -> QuantizedSource:
+        kept = max(0, self.vocab_end - self.vocab_start)
+        raw = source.raw.narrow(0, self.vocab_start, kept)
+        if kept < self.rows:                        # the last rank's padding rows: all-zero blocks are zeros
+            raw = torch.cat([raw, raw.new_zeros(self.rows - kept, raw.shape[1])])
+        return QuantizedSource(source.type_id, raw, source.shape[1])
 
 
 class ParallelLMHead(UpcastMatmul, VocabParallelEmbedding):

@@ -12,13 +12,15 @@ transformers run through it). Long prefill chunks keep the eager path: they are 
 where the per-op overhead is small next to the GEMMs.
 
 Several query tokens per request (speculative decoding's verify steps, short prompts: up to MAX_QUERY_TOKENS
-a request, and max_rows() in all) take this path too, as one row per token: each row attends causally to its request's cache up to itself
-(its own length and a copy of its request's block-table row), the way kernels/cpu_avx2.paged_attention16
-runs prefill chunks. decode_forward16 writes every row's keys and values before any row attends, so a draft
-sees the drafts before it. The C call is unchanged; only its inputs are expanded here.
+a request, and max_rows() in all) take this path too, as one row per token: each row attends causally to
+its request's cache up to itself (its own length and a copy of its request's block-table row), the way
+kernels/cpu_avx2.paged_attention16 runs prefill chunks. decode_forward16 writes every row's keys and values
+before any row attends, so a draft sees the drafts before it. The C call is unchanged; only its inputs are
+expanded here.
 
 Used when: kernels/cpu_avx2 runs here, the model is 16-bit with float32 activations (the upcast CPU path),
-one rank, no output/MLP biases, and the decode attention kernel takes the cache layout.
+one rank, no output/MLP biases, and the decode attention kernel takes the cache layout. Matmul weights kept
+in a GGUF file's quantized blocks go to kernels/cpu_quant's gemm_q inside the same call.
 RINGSERVE_CPU_FUSED_DECODE=0 turns it off (the eager path runs: for comparisons).
 """
 
@@ -117,14 +119,14 @@ class CpuDecode:
             attn, mlp = layer.self_attn, layer.mlp
             layers.append({
                 "input_norm": layer.input_layernorm.weight.data,
-                "qkv": attn.qkv_proj.weight.data,
+                "qkv": _matmul_weight(attn.qkv_proj),
                 "qkv_bias": None if attn.qkv_proj.bias is None else attn.qkv_proj.bias.data,
                 "q_norm": attn.q_norm.weight.data if attn.qk_norm else None,
                 "k_norm": attn.k_norm.weight.data if attn.qk_norm else None,
-                "o_proj": attn.o_proj.weight.data,
+                "o_proj": _matmul_weight(attn.o_proj),
                 "post_norm": layer.post_attention_layernorm.weight.data,
-                "gate_up": mlp.gate_up_proj.weight.data,
-                "down": mlp.down_proj.weight.data,
+                "gate_up": _matmul_weight(mlp.gate_up_proj),
+                "down": _matmul_weight(mlp.down_proj),
                 "kv_cache": kv_cache,
             })
         return cpu_avx2.DecodeStack(
@@ -132,3 +134,9 @@ class CpuDecode:
             num_kv_heads=args.num_kv_heads, head_dim=args.head_dim, eps=args.rms_norm_eps,
             scale=args.head_dim**-0.5,
         )
+
+
+def _matmul_weight(layer):
+    """A matmul layer's weight as the C step reads it: its GGUF blocks when it keeps them, else the 16-bit
+    tensor."""
+    return layer.qweight if layer.qweight is not None else layer.weight.data

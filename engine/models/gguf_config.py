@@ -16,6 +16,9 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
 FLOAT_TYPES = {0: "float32", 1: "float16", 30: "bfloat16"}
 # The tensor types each checked against transformers token for token (tests/engine/models/test_gguf.py).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+# The quantized types with matmul kernels (kernels/gguf_blocks.QUANT_TYPES; a test pins the two equal: the
+# engine root reads this list without importing torch).
+QUANTIZED_KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def gguf_hf_config(path: str) -> dict:
@@ -76,6 +79,11 @@ def gguf_hf_config(path: str) -> dict:
     return config
 
 
+def holds_quantized_tensors(path: str) -> bool:
+    """Whether the GGUF file at `path` has a matrix in a type with quantized kernels."""
+    return any(t.type_name in QUANTIZED_KERNEL_TYPES for t in read_gguf(path).tensors.values())
+
+
 def check_tensor_types(gguf: GGUFFile) -> None:
     """Refuse, before any weight is read, a file holding a tensor type we have not tested."""
     unsupported = {t.type_name: name for name, t in gguf.tensors.items() if t.type_name not in SUPPORTED_TYPES}
@@ -83,6 +91,14 @@ def check_tensor_types(gguf: GGUFFile) -> None:
         kinds = ", ".join(f"{kind} (e.g. {name})" for kind, name in sorted(unsupported.items()))
         raise ConfigError(f"{gguf.path} holds tensors of unsupported GGUF type {kinds}; "
                           f"supported: {', '.join(SUPPORTED_TYPES)}")
+
+
+def main_weight_type(path: str) -> str:
+    """The tensor type holding most of the file's bytes (e.g. Q4_1), as the file's one-word description."""
+    sizes: dict[str, int] = {}
+    for tensor in read_gguf(path).tensors.values():
+        sizes[tensor.type_name] = sizes.get(tensor.type_name, 0) + tensor.nbytes
+    return max(sizes, key=sizes.__getitem__)
 
 
 def _declared_dtype(gguf: GGUFFile) -> str:

@@ -1,9 +1,11 @@
-"""A GGUF file's tensors as Hugging Face checkpoint tensors: renamed, dequantized, and un-permuted.
+"""A GGUF file's tensors as Hugging Face checkpoint tensors: renamed, dequantized (or kept in their blocks),
+and un-permuted.
 
 Each tensor is dequantized to float32 on load with the `gguf` package (numpy) from the file's memory map and
-handed to the loader under its HF name. llama.cpp's converter reorders the rows of a Llama model's q and k
+handed to the loader under its HF name; those the loader keeps quantized (`--quantization gguf`) arrive as
+their blocks instead (a copy of the file's bytes, one row of blocks per output row). llama.cpp's converter reorders the rows of a Llama model's q and k
 projections (per head, it interleaves the two rotary halves for its own RoPE layout); the reverse reordering
-here restores HF's rotate-half layout. Qwen2 and Qwen3 files are stored unpermuted. A tensor type this
+here restores HF's rotate-half layout (for blocks too: a block row is one output row). Qwen2 and Qwen3 files are stored unpermuted. A tensor type this
 module has not been tested with is refused before any weight is read, naming the type and the tensor.
 """
 
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 
 from engine.models.gguf_config import check_tensor_types
+from engine.layers.quantized import QuantizedSource
 from engine.models.gguf_file import TensorInfo, read_gguf
 
 _GLOBAL_NAMES = {
@@ -42,8 +45,9 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def gguf_checkpoint(path: str):
-    """(HF name, float32 tensor) for each tensor of the GGUF file, q/k rows restored to HF's order."""
+def gguf_checkpoint(path: str, keep_blocks: frozenset[str] = frozenset()):
+    """(HF name, float32 tensor) for each tensor of the GGUF file, q/k rows restored to HF's order; for the
+    GGUF names in keep_blocks, (HF name, QuantizedSource) instead."""
     gguf = read_gguf(path)
     check_tensor_types(gguf)
     arch = gguf.metadata["general.architecture"]
@@ -54,12 +58,17 @@ def gguf_checkpoint(path: str):
         target = hf_name(name)
         if target is None:
             raise ValueError(f"{path}: tensor {name} has no counterpart in the {arch} decoder")
-        tensor = dequantize(data, info)
+        if name in keep_blocks:
+            raw = torch.from_numpy(np.array(data[info.offset:info.offset + info.nbytes]).reshape(info.shape[0], -1))
+            tensor = raw
+        else:
+            tensor = dequantize(data, info)
         if arch == "llama" and ".attn_q." in name:
             tensor = unpermute_rotary_rows(tensor, heads)
         elif arch == "llama" and ".attn_k." in name:
             tensor = unpermute_rotary_rows(tensor, kv_heads)
-        yield target, tensor
+        yield target, (QuantizedSource(info.type_id, tensor.contiguous(), info.shape[1]) if name in keep_blocks
+                       else tensor)
 
 
 def dequantize(data: np.ndarray, info: TensorInfo) -> torch.Tensor:

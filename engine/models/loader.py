@@ -26,10 +26,13 @@ from engine import distributed
 from engine.attention import get_attention_backend
 from engine.config import ConfigError, EngineConfig
 from engine.layers.cpu_matmul import should_upcast, upcast_matmul_weights
+from engine.layers.quantized import QuantizedSource
 from engine.layers.weights import CheckpointWeights, SafetensorsSource, ShardId, TensorSource, WeightSource
-from engine.models import CausalLM, ModelArgs, get_model_class
+from engine.models import CausalLM, get_model_class
 from engine.models.gguf_file import is_gguf_path, read_gguf
+from engine.models.gguf_quantized import plan_quantized
 from engine.models.gguf_weights import gguf_checkpoint, hf_name
+from engine.models.registry import model_args
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ def load_model(
             f"({tp_rank}, {tp_size}, ...) first; this process is rank {distributed.tp_rank()} of "
             f"{distributed.tp_size()}"
         )
-    args = ModelArgs.from_hf_config(config.hf_config(), config.architecture, config.max_model_len)
+    args = model_args(config.hf_config(), config.architecture, config.max_model_len)
     dtype = getattr(torch, config.resolved_dtype)
     backend = get_attention_backend(attention_backend)
     with torch.device(device):
@@ -72,7 +75,7 @@ def load_model(
     if config.load_format == "dummy":
         load_dummy_weights(model, seed=config.seed, progress=show_progress)
     elif is_gguf_path(config.model):
-        load_gguf_weights(model, config.model, progress=show_progress)
+        load_gguf_weights(model, config.model, quantization=config.quantization, progress=show_progress)
     else:
         load_safetensors_weights(model, config.model, progress=show_progress)
     if should_upcast(torch.device(device), dtype):
@@ -121,22 +124,44 @@ def load_safetensors_weights(model: CausalLM, model_dir: str, *, progress: bool 
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(safe_open(path, framework="pt", device="cpu"))
                  for path in _safetensors_files(model_dir)]
-        names = {name: f for f in files for name in f.keys() if not _ignored(name, model)}
+        # our name -> (file, the name stored in it): encoders map task checkpoints' names (BertModel.checkpoint_name)
+        rename = getattr(model, "checkpoint_name", None)
+        names = {(rename(stored) if rename else stored): (f, stored) for f in files for stored in f.keys()}
+        names = {name: source for name, source in names.items() if name is not None and not _ignored(name, model)}
         _check_names(set(names), set(params), model_dir)
-        for name, f in tqdm(names.items(), desc="Loading weights", unit="tensor", file=sys.stderr,
-                            disable=not progress):
-            load_tensor(name, params[name], SafetensorsSource(f.get_slice(name)))
+        for name, (f, stored) in tqdm(names.items(), desc="Loading weights", unit="tensor", file=sys.stderr,
+                                      disable=not progress):
+            load_tensor(name, params[name], SafetensorsSource(f.get_slice(stored)))
 
 
-def load_gguf_weights(model: CausalLM, path: str, *, progress: bool = True) -> None:
-    """Fill every parameter from a GGUF file, dequantizing each tensor to float32 as it is loaded."""
+def load_gguf_weights(model: CausalLM, path: str, *, quantization: str = "none", progress: bool = True) -> None:
+    """Fill every parameter from a GGUF file: each tensor dequantized to float32 as it is loaded, or with
+    quantization "gguf", the quantized tensors the kernels take kept in their blocks
+    (engine/models/gguf_quantized.py)."""
     params = checkpoint_params(model)
-    names = [hf for hf in map(hf_name, read_gguf(path).tensors) if hf is not None and not _ignored(hf, model)]
+    gguf = read_gguf(path)
+    names = {hf: name for name in gguf.tensors if (hf := hf_name(name)) is not None and not _ignored(hf, model)}
     _check_names(set(names), set(params), path)
-    for name, tensor in tqdm(gguf_checkpoint(path), desc="Loading GGUF weights", unit="tensor", file=sys.stderr,
-                             total=len(names), disable=not progress):
-        if not _ignored(name, model):
+    device = next(model.parameters()).device
+    blocks = plan_quantized(gguf, names, params, device) if quantization == "gguf" else set()
+    quantized_layers = {params[hf][0]: None for hf in blocks}
+    for name, tensor in tqdm(gguf_checkpoint(path, frozenset(names[hf] for hf in blocks)), desc="Loading GGUF weights",
+                             unit="tensor", file=sys.stderr, total=len(names), disable=not progress):
+        if _ignored(name, model):
+            continue
+        if isinstance(tensor, QuantizedSource):
+            module, param, shard_id = params[name]
+            if tensor.shape != module.checkpoint_shape(param, shard_id):
+                raise ValueError(f"checkpoint tensor {name} has shape {list(tensor.shape)}; the model's config "
+                                 f"expects {list(module.checkpoint_shape(param, shard_id))}")
+            module.load_quantized(tensor, shard_id)
+        else:
             load_tensor(name, params[name], TensorSource(tensor))
+    for layer in quantized_layers:
+        layer.finish_quantized()
+    embedding = getattr(model.model, "embed_tokens", None)
+    if model.args.tie_word_embeddings and getattr(embedding, "qweight", None) is not None:
+        model.lm_head.use_quantized(embedding.qweight)
 
 
 def load_dummy_weights(model: CausalLM, *, seed: int, progress: bool = True) -> None:
@@ -151,7 +176,7 @@ def load_dummy_weights(model: CausalLM, *, seed: int, progress: bool = True) -> 
                              disable=not progress):
         module, param, shard_id = target
         shape = module.checkpoint_shape(param, shard_id)
-        if name.endswith("norm.weight"):
+        if name.lower().endswith("norm.weight"):
             tensor = torch.ones(shape, device=param.device)
         else:
             generator = torch.Generator(param.device).manual_seed(_tensor_seed(seed, name))

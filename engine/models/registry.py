@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from engine.errors import ConfigError
+from engine.models.bert import BertModel
+from engine.models.encoder_args import ENCODER_ARCHITECTURES, EncoderArgs
 from engine.models.llama import LlamaForCausalLM
 from engine.models.model_args import SUPPORTED_ARCHITECTURES, ModelArgs
 
@@ -14,6 +16,10 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    # encoders: pooling models only (engine/executor/pooling_runner.py drives them)
+    "BertModel": BertModel,
+    "RobertaModel": BertModel,
+    "XLMRobertaModel": BertModel,
 }
 
 
@@ -22,8 +28,16 @@ def get_model_class(architecture: str) -> type[CausalLM]:
         return MODEL_REGISTRY[architecture]
     except KeyError:
         raise ConfigError(
-            f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"unsupported architecture {architecture!r}; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES + ENCODER_ARCHITECTURES)}"
         ) from None
 
 
-__all__ = ["MODEL_REGISTRY", "CausalLM", "LlamaForCausalLM", "ModelArgs", "get_model_class"]
+def model_args(hf: dict, architecture: str, max_model_len: int | None) -> ModelArgs | EncoderArgs:
+    """The args a model class is built from: an encoder's (EncoderArgs) or a decoder's (ModelArgs)."""
+    if architecture in ENCODER_ARCHITECTURES:
+        return EncoderArgs.from_hf_config(hf, architecture)
+    return ModelArgs.from_hf_config(hf, architecture, max_model_len)
+
+
+__all__ = ["MODEL_REGISTRY", "BertModel", "CausalLM", "LlamaForCausalLM", "ModelArgs", "get_model_class", "model_args"]

@@ -28,6 +28,7 @@ BENCH_COMMANDS: dict[str, str] = {
     "latency": "tools.bench_latency:cli",
     "frontend": "tools.bench_frontend:cli",
     "engine-overhead": "tools.bench_engine_overhead:cli",
+    "embed": "tools.bench_embed:cli",
     "spec": "tools.bench_spec:cli",
     "spec-cost": "tools.bench_spec_cost:cli",
 }

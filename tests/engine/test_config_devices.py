@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import engine.config
-from engine.config import EngineConfig, GiB
+from engine.config import EngineConfig
 from engine.errors import ConfigError
 from tests import conftest
 from tests.engine.hf_models import BASE_CONFIG
@@ -25,6 +25,14 @@ def _model_dir(tmp_path: Path, **overrides) -> str:
     return str(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def _triton_found(monkeypatch):
+    """Config resolution only asks whether triton could be imported: say yes, as on a GPU host."""
+    real_find_spec = engine.config.importlib.util.find_spec
+    monkeypatch.setattr(engine.config.importlib.util, "find_spec",
+                        lambda name, *args: real_find_spec("json") if name == "triton" else real_find_spec(name, *args))
+
+
 @pytest.fixture
 def gpus(monkeypatch):
     """Pretend torch sees `n` CUDA GPUs (config resolution only: nothing touches a device here)."""
@@ -35,9 +43,18 @@ def gpus(monkeypatch):
 
 
 def test_config_head_dims_are_the_kernels_head_dims():
-    from kernels.triton_attention_tiles import SUPPORTED_HEAD_DIMS
+    tiles = pytest.importorskip("kernels.triton_attention_tiles", reason=conftest.TRITON_MISSING)
+    assert engine.config.TRITON_HEAD_DIMS == tiles.SUPPORTED_HEAD_DIMS
 
-    assert engine.config.TRITON_HEAD_DIMS == SUPPORTED_HEAD_DIMS
+
+def test_a_gpu_without_triton_is_a_config_error_that_says_what_to_install(tmp_path, gpus, monkeypatch):
+    gpus(1)
+    found = engine.config.importlib.util.find_spec
+    monkeypatch.setattr(engine.config.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "triton" else found(name, *args))
+    with pytest.raises(ConfigError, match=r"needs triton.*pip install 'ringserve\[gpu\]'"):
+        EngineConfig(model=_model_dir(tmp_path)).finalize()
+    assert EngineConfig(model=_model_dir(tmp_path), attention_backend="torch").finalize().resolved_device == "cuda"
 
 
 def test_head_dim_16_models_run_on_cuda(tmp_path, gpus):
@@ -67,7 +84,7 @@ def test_tensor_parallel_size_beyond_the_visible_gpus_is_a_config_error(tmp_path
 
 
 def test_the_default_suite_sees_a_cpu_machine_on_a_gpu_host(tmp_path, monkeypatch):
-    # torch sees a GPU: device "auto" follows it, and kv_cache_memory would be ignored in favour of profiling
+    # torch sees a GPU: device "auto" follows it
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(engine.config, "cuda_available", engine.config.cuda_available)   # undone after the test
@@ -77,7 +94,7 @@ def test_the_default_suite_sees_a_cpu_machine_on_a_gpu_host(tmp_path, monkeypatc
     environ: dict[str, str] = {}
     conftest.pin_cpu_semantics(environ, engine.config)
     config = EngineConfig(model=path).finalize()
-    assert (config.resolved_device, config.kv_cache_memory) == ("cpu", 4 * GiB)
+    assert config.resolved_device == "cpu"
     assert environ == {"CUDA_VISIBLE_DEVICES": ""}                         # children see no GPU either
 
 
@@ -87,6 +104,7 @@ def test_markers_decide_where_a_test_runs():
     assert "interpreter" in conftest.skip_reason({"interpreter"}, has_cuda=True)
     assert conftest.skip_reason({"interpreter"}, has_cuda=False) is None
     assert conftest.skip_reason(set(), has_cuda=True) is None
+    assert "triton is not installed" in conftest.skip_reason({"interpreter"}, has_cuda=False, has_triton=False)
 
 
 # modules that name Triton kernels but never hand them CPU tensors in this process: compile-only

@@ -115,6 +115,15 @@ class FakeEngine:
             if self.running.pop(request_id, None) is not None:
                 self.aborted.append(request_id)
 
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.running)
+
+    def fail_unfinished(self, error: EngineDeadError) -> None:
+        for request in self.running.values():
+            request.queue.put_nowait(error)
+        self.running.clear()
+
     async def abort(self, request_id: str) -> None:
         request = self.running.pop(request_id, None)
         if request is not None:

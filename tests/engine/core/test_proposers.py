@@ -1,12 +1,8 @@
-"""The draft proposers: prompt lookup (ngram) and suffix decoding, and the speculative config they read."""
+"""The draft proposers: prompt lookup (ngram) and suffix decoding."""
 
 from __future__ import annotations
 
-import pytest
-
 from engine.core.proposers import NgramProposer, SuffixProposer, SuffixTrie
-from engine.errors import ConfigError
-from engine.speculative_config import parse_speculative_config
 
 
 def test_ngram_takes_the_longest_match_and_its_most_recent_occurrence():
@@ -62,37 +58,3 @@ def test_suffix_cache_of_finished_outputs_is_bounded():
     proposer.finish(4, [100, 9, 9], 1)                       # the third output pushes the first out
     assert proposer.propose(5, [50, 1, 2], 4) == []
     assert proposer.propose(6, [50, 7], 4) == [8]
-
-
-def test_speculative_config_defaults_and_errors_name_the_key():
-    spec = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}')
-    assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (4, 4)
-    spec = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3})
-    assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)
-    assert parse_speculative_config({"method": "suffix"}).num_speculative_tokens == 8
-    for bad, key in [
-        ({"method": "eagle", "num_speculative_tokens": 2}, "method"),
-        ({"method": "ngram"}, "num_speculative_tokens"),
-        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
-        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
-         "prompt_lookup_min"),
-        ({"method": "ngram", "num_speculative_tokens": "4"}, "num_speculative_tokens"),
-        ({"method": "ngram", "num_speculative_tokens": 2, "model": "x/y"}, "model"),
-        ({"method": "suffix", "suffix_decoding_min_token_prob": 2.0}, "suffix_decoding_min_token_prob"),
-        ({"method": "suffix", "prompt_lookup_max": 3}, "prompt_lookup"),
-    ]:
-        with pytest.raises(ConfigError, match=key):
-            parse_speculative_config(bad)
-    with pytest.raises(ConfigError, match="speculative_config"):
-        parse_speculative_config("{not json")
-
-
-def test_llm_takes_vllms_dict_and_refuses_a_bad_one_before_starting():
-    from engine import LLM
-    from engine.config import EngineConfig
-
-    config = EngineConfig(speculative_config={"method": "suffix", "num_speculative_tokens": 3}).finalize()
-    assert config.speculative_config.num_speculative_tokens == 3
-    assert EngineConfig.from_json(config.to_json()).speculative_config == config.speculative_config
-    with pytest.raises(ConfigError, match="prompt_lookup_min"):
-        LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0})

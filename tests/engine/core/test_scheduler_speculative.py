@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine.config import parse_speculative_config
 from engine.core.request import Request
 from engine.core.speculator import Speculator
 from engine.messages import TOKEN, unpack
 from engine.sampling_params import SamplingParams
-from engine.speculative_config import parse_speculative_config
 from tests.engine.fake_model import (
     EOS,
     add_request,

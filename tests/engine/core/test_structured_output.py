@@ -8,13 +8,15 @@ and only the mask moves it), so every valid output below is the mask's doing.
 
 from __future__ import annotations
 
-import threading
+import os
 import time
 
 import numpy as np
 import pytest
 
 from engine.config import EngineConfig
+from engine.core import structured_output
+from engine.core.compile_pool import WORKER_MODULE, CompilePool
 from engine.core.scheduler import Scheduler
 from engine.executor.fake_runner import FakeModelRunner
 from engine.messages import (
@@ -29,19 +31,65 @@ from engine.messages import (
 )
 from engine.models.demo import ensure_demo_model
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
+from tests.engine.core.held_grammar_worker import GATE_ENV
 from tests.engine.structured_checks import check_output, constraints, tokenizer_info
 
 EOS = [258]
+HELD_WORKER = "tests.engine.core.held_grammar_worker"
+_POOLS: dict[tuple, CompilePool] = {}
 
 
-def make_engine(**overrides):
+@pytest.fixture(scope="module", autouse=True)
+def _compile_pools(tmp_path_factory):
+    """Compile workers are processes that take seconds to start (they import xgrammar and torch), so the
+    tests share them: one pool per (worker kind, size), stopped at the end of the module. The held worker
+    reads its gate path from the environment it was started with."""
+    gate = tmp_path_factory.mktemp("grammar") / "gate"
+    saved = os.environ.get(GATE_ENV)
+    os.environ[GATE_ENV] = str(gate)
+    yield gate
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
+    if saved is None:
+        del os.environ[GATE_ENV]
+    else:
+        os.environ[GATE_ENV] = saved
+
+
+@pytest.fixture
+def gate(_compile_pools):
+    """While this file exists, compiles in the held worker wait (tests/engine/core/held_grammar_worker.py)."""
+    _compile_pools.touch()
+    yield _compile_pools
+    _compile_pools.unlink(missing_ok=True)
+
+
+def make_engine(held: bool = False, **overrides):
     options = dict(model=ensure_demo_model(), load_format="fake", max_model_len=256, max_num_seqs=8,
                    max_num_batched_tokens=256, num_gpu_blocks_override=200, block_size=4)
     options.update(overrides)
     config = EngineConfig(**options).finalize()
     runner = FakeModelRunner(config)
     runner.initialize_kv_cache(config.num_gpu_blocks_override)
-    return Scheduler(config, config.num_gpu_blocks_override), runner
+    scheduler = Scheduler(config, config.num_gpu_blocks_override)
+    key = (held, config.grammar_compile_workers, config.skip_tokenizer_init)
+    if key not in _POOLS:
+        _POOLS[key] = CompilePool(config, EOS, config.grammar_compile_workers, HELD_WORKER if held else WORKER_MODULE)
+    scheduler.grammars._pool = _POOLS[key]
+    return scheduler, runner
+
+
+def worker_pids(scheduler: Scheduler) -> list[int]:
+    pool = scheduler.grammars._pool
+    return [w.proc.pid for w in pool._workers if not w.gone] if pool is not None else []
+
+
+def wait_until(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
 
 
 class Driver:
@@ -121,16 +169,8 @@ def test_the_mask_overrules_the_fake_models_preference():
     assert text_of(tokens).isdigit() and len(text_of(tokens)) == 6
 
 
-def test_a_request_waiting_for_its_grammar_blocks_nobody(monkeypatch):
-    scheduler, runner = make_engine()
-    release = threading.Event()
-    original = scheduler.grammars._compile
-
-    def slow_compile(so, job):
-        release.wait(30)
-        return original(so, job)
-
-    monkeypatch.setattr(scheduler.grammars, "_compile", slow_compile)
+def test_a_request_waiting_for_its_grammar_blocks_nobody(gate):
+    scheduler, runner = make_engine(held=True)
     driver = Driver(scheduler, runner)
     driver.add(0, [1, 2], params(constraints()["choice"]))
     driver.add(1, [3, 4], params(None, max_tokens=5))
@@ -138,7 +178,7 @@ def test_a_request_waiting_for_its_grammar_blocks_nobody(monkeypatch):
         driver.step()
     assert driver.finish.get(1) == "length" and 0 not in driver.finish
     assert scheduler.only_compiling
-    release.set()
+    gate.unlink()
     driver.run()
     assert driver.finish[0] == "stop" and text_of(driver.tokens[0]) in constraints()["choice"].choice
 
@@ -153,7 +193,7 @@ def test_children_and_repeats_share_one_compile():
     d = manager.submit(StructuredOutputsParams(json={"type": "object"}, disable_any_whitespace=True), EOS)
     assert a.job is b.job                              # the same schema, as a dict and as text
     assert len({id(a.job), id(c.job), id(d.job)}) == 3  # options are part of the key
-    a.job.future.result(30)
+    a.job.task.future.result(60)
 
 
 def test_a_grammar_that_fails_to_compile_ends_only_its_request():
@@ -170,44 +210,73 @@ def test_a_grammar_that_fails_to_compile_ends_only_its_request():
     assert driver.finish[2] == "stop"
 
 
-def test_a_compile_past_its_deadline_ends_its_request_and_a_repeat_tries_again(monkeypatch):
-    scheduler, runner = make_engine(grammar_compile_timeout_s=0.2)
-    original = scheduler.grammars._compile
-    slow = {"on": True}
-
-    def compile_(so, job):
-        result = original(so, job)
-        if slow["on"]:
-            time.sleep(1.0)
-        return result
-
-    monkeypatch.setattr(scheduler.grammars, "_compile", compile_)
+def test_a_compile_past_its_deadline_is_killed_and_a_repeat_tries_again(gate):
+    """The deadline ends the request and the compile: its worker process is killed (an xgrammar compile
+    cannot be interrupted otherwise), and a replacement serves the next request."""
+    scheduler, runner = make_engine(held=True, grammar_compile_timeout_s=0.5)
     driver = Driver(scheduler, runner)
     so = constraints()["regex"]
     driver.add(0, [1], params(so))
     driver.add(1, [2], params(None, max_tokens=30))
-    start = time.monotonic()
+    pool = scheduler.grammars._pool
+    wait_until(lambda: any(w.task is not None for w in pool._workers))     # the compile runs (held)
+    (held_pid,) = [w.proc.pid for w in pool._workers if w.task is not None]
     driver.run()
     assert driver.finish == {0: "error", 1: "length"}
-    assert "longer than 0.2 s" in driver.errors[0]
-    assert time.monotonic() - start < 5
-    slow["on"] = False
+    assert "longer than 0.5 s" in driver.errors[0]
+    wait_until(lambda: not os.path.exists(f"/proc/{held_pid}"))
+    gate.unlink()
     driver.add(2, [1], params(so))
     driver.run()
     assert driver.finish[2] == "stop"
+    assert held_pid not in worker_pids(scheduler)
 
 
-def test_abort_while_compiling(monkeypatch):
-    scheduler, runner = make_engine()
-    release = threading.Event()
-    original = scheduler.grammars._compile
-    monkeypatch.setattr(scheduler.grammars, "_compile", lambda so, job: (release.wait(30), original(so, job))[1])
+def test_time_queued_behind_other_compiles_counts_against_the_deadline(gate):
+    """One worker held by a slow compile: a second compile waiting in the queue reaches its deadline too
+    (it never ran, so it is cancelled, not killed)."""
+    scheduler, runner = make_engine(held=True, grammar_compile_timeout_s=0.5, grammar_compile_workers=1)
+    driver = Driver(scheduler, runner)
+    driver.add(0, [1], params(constraints()["regex"]))
+    driver.add(1, [2], params(constraints()["choice"]))
+    driver.run()
+    assert driver.finish == {0: "error", 1: "error"}
+    assert all("longer than 0.5 s" in driver.errors[req] for req in (0, 1))
+
+
+def test_compiles_past_the_cap_are_refused_as_busy(gate, monkeypatch):
+    monkeypatch.setattr(structured_output, "MAX_PENDING_COMPILES", 2)
+    scheduler, runner = make_engine(held=True)
+    driver = Driver(scheduler, runner)
+    for req, regex in enumerate(["a", "b", "c"]):
+        driver.add(req, [1], params(StructuredOutputsParams(regex=regex)))
+    driver.add(3, [1], params(StructuredOutputsParams(regex="a")))       # joins a pending compile: accepted
+    driver.step()
+    assert driver.finish == {2: "error"}
+    assert driver.errors[2].startswith("[busy: retry after 10 s] structured_outputs: 2 grammars")
+    gate.unlink()
+    driver.run()
+    assert [driver.finish[req] for req in (0, 1, 3)] == ["stop", "stop", "stop"]
+
+
+def test_without_a_tokenizer_every_structured_request_says_why_and_no_worker_restarts():
+    scheduler, runner = make_engine(skip_tokenizer_init=True)
+    driver = Driver(scheduler, runner)
+    for req in range(3):
+        driver.add(req, [1], params(StructuredOutputsParams(regex=f"{req}")))
+        driver.run()
+    assert all("skip_tokenizer_init" in driver.errors[req] for req in range(3))
+    wait_until(lambda: worker_pids(scheduler) == [])
+    assert scheduler.grammars._pool.pending() == 0
+
+
+def test_abort_while_compiling(gate):
+    scheduler, runner = make_engine(held=True)
     driver = Driver(scheduler, runner)
     driver.add(0, [1], params(constraints()["regex"]))
     scheduler.abort_requests([0])
     driver.step()
     assert driver.finish == {0: "abort"} and not scheduler.compiling and not scheduler.has_unfinished_requests()
-    release.set()
 
 
 def run_batch(structured: bool, **engine) -> tuple[Driver, dict[int, list[int]]]:
@@ -250,7 +319,7 @@ def test_rows_are_sent_only_for_steps_that_sample():
     scheduler, runner = make_engine(max_num_batched_tokens=8, max_num_seqs=8)
     driver = Driver(scheduler, runner)
     driver.add(0, list(range(1, 30)), params(constraints()["choice"]))
-    scheduler.compiling[0].grammar.job.future.result(30)
+    scheduler.compiling[0].grammar.job.task.future.result(60)
     rows = []
     while scheduler.has_unfinished_requests():
         so = scheduler.schedule()

@@ -15,8 +15,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from engine.models.demo import _bytes_to_unicode
+from tests.engine.hf_models import make_tiny_model
 
 ARCH_NAMES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -71,7 +73,11 @@ def random_k_blocks(qtype, rows: int, cols: int, rng: np.random.Generator) -> np
     return blocks.reshape(rows, -1)
 
 
-def write_gguf(hf_dir: Path, path: Path, qtype_name: str, seed: int = 0) -> Path:
+def write_gguf(hf_dir: Path, path: Path, qtype_name: str, seed: int = 0, metadata: dict | None = None,
+               types: dict[str, str] | None = None) -> Path:
+    """`metadata`: extra keys, e.g. {"general.sampling.temp": 0.6} (floats as float32, ints as uint32).
+    `types` overrides qtype_name for the matrices whose GGUF name contains a key (e.g. {"attn_v": "Q8_0"}),
+    as llama-quantize's mixes (Q4_K_M) store some tensors in another type."""
     import gguf
     from gguf import GGMLQuantizationType as T
     from safetensors.numpy import load_file
@@ -98,9 +104,12 @@ def write_gguf(hf_dir: Path, path: Path, qtype_name: str, seed: int = 0) -> Path
     writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type(int(qtype) if qtype_name not in ("F32",) else 0)
     _add_tokenizer(writer)
+    for key, value in (metadata or {}).items():
+        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)
     tensors = load_file(str(hf_dir / "model.safetensors"))
     for name, value in sorted(tensors.items()):
         value = value.astype(np.float32)
+        qtype = T[next((t for key, t in (types or {}).items() if key in gguf_name(name)), qtype_name)]
         if arch == "llama" and "q_proj" in name:
             value = permute_rotary_rows(value, config["num_attention_heads"])
         elif arch == "llama" and "k_proj" in name:
@@ -131,3 +140,32 @@ def _add_tokenizer(writer) -> None:
     writer.add_eos_token_id(VOCAB - 1)
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory):
+    """One tiny HF model per architecture (fp32 safetensors), built on first use."""
+    root, built = tmp_path_factory.mktemp("gguf-hf"), {}
+
+    def get(arch: str):
+        if arch not in built:
+            # Llama: an untied LM head (output.weight); Qwen3: transformers reads no head_dim from a GGUF and
+            # takes Qwen3's default of 128, as the real models have.
+            extra = {"LlamaForCausalLM": {"tie_word_embeddings": False},
+                     "Qwen3ForCausalLM": {"head_dim": 128}}.get(arch, {})
+            built[arch] = make_tiny_model(arch, root / arch, **{**GGUF_TINY, **extra})
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def gguf_model(hf_dirs, tmp_path_factory):
+    root, built = tmp_path_factory.mktemp("gguf"), {}
+
+    def get(arch: str, qtype: str):
+        if (arch, qtype) not in built:
+            built[arch, qtype] = write_gguf(hf_dirs(arch), root / f"{arch}-{qtype}.gguf", qtype)
+        return built[arch, qtype]
+
+    return get

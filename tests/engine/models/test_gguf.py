@@ -1,5 +1,6 @@
 """GGUF files: the header reader, config from metadata, the tokenizer, and each supported tensor type loaded by
-ringserve and by transformers (`from_pretrained(..., gguf_file=)`) generating the same greedy tokens (fp32).
+ringserve (dequantized: `--quantization none`) and by transformers (`from_pretrained(..., gguf_file=)`)
+generating the same greedy tokens (fp32); the quantized kernels' path is tests/engine/models/test_gguf_quantized.py.
 
 The tiny files are written by tests/engine/models/gguf_files.py as llama.cpp lays them out (Llama's q/k rows
 permuted). transformers dequantizes with the same `gguf` package, so the per-type tests pin the tensor
@@ -18,40 +19,11 @@ from engine.config import ConfigError, EngineConfig
 from engine.models.gguf_config import SUPPORTED_TYPES, gguf_hf_config
 from engine.models.gguf_file import read_gguf
 from engine.models.loader import load_model
-from tests.engine.hf_models import PagedBatchRunner, hf_logits, load_hf_model, make_tiny_model
-from tests.engine.models.gguf_files import GGUF_TINY, VOCAB, random_k_blocks, write_gguf
+from tests.engine.hf_models import PagedBatchRunner, hf_logits, load_hf_model
+from tests.engine.models.gguf_files import VOCAB, gguf_model, hf_dirs, random_k_blocks, write_gguf  # noqa: F401
 
 PROMPTS = [[5, 200, 17, 9], [(7 * i + 3) % VOCAB for i in range(23)], [VOCAB - 2, 104, 101, 108]]
 NEW_TOKENS = 10
-
-
-@pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory):
-    """One tiny HF model per architecture (fp32 safetensors), built on first use."""
-    root, built = tmp_path_factory.mktemp("gguf-hf"), {}
-
-    def get(arch: str):
-        if arch not in built:
-            # Llama: an untied LM head (output.weight); Qwen3: transformers reads no head_dim from a GGUF and
-            # takes Qwen3's default of 128, as the real models have.
-            extra = {"LlamaForCausalLM": {"tie_word_embeddings": False},
-                     "Qwen3ForCausalLM": {"head_dim": 128}}.get(arch, {})
-            built[arch] = make_tiny_model(arch, root / arch, **{**GGUF_TINY, **extra})
-        return built[arch]
-
-    return get
-
-
-@pytest.fixture(scope="module")
-def gguf_model(hf_dirs, tmp_path_factory):
-    root, built = tmp_path_factory.mktemp("gguf"), {}
-
-    def get(arch: str, qtype: str):
-        if (arch, qtype) not in built:
-            built[arch, qtype] = write_gguf(hf_dirs(arch), root / f"{arch}-{qtype}.gguf", qtype)
-        return built[arch, qtype]
-
-    return get
 
 
 def _hf_greedy(model, prompt: list[int]) -> list[int]:
@@ -74,7 +46,8 @@ def test_greedy_tokens_match_transformers_on_the_same_gguf(arch, qtype, gguf_mod
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                               attn_implementation="eager").eval()
     expected = [_hf_greedy(hf, p) for p in PROMPTS]
-    with LLM(str(path), dtype="float32", in_process=True, max_model_len=256, kv_cache_memory=8 << 20) as llm:
+    with LLM(str(path), dtype="float32", quantization="none", in_process=True, max_model_len=256,
+             kv_cache_memory=8 << 20) as llm:
         outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                                SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
                                use_tqdm=False)
@@ -204,3 +177,16 @@ def test_k_quant_test_blocks_stay_in_a_trained_models_range():
     for qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
         values = dequantize(random_k_blocks(qtype, 64, 512, np.random.default_rng(1)), qtype)
         assert np.isfinite(values).all() and 0.02 < values.std() < 0.3, qtype.name
+
+
+def test_structured_outputs_compile_against_the_gguf_tokenizer(gguf_model):
+    """The grammar compiler loads the tokenizer the way the frontend does: from the GGUF's metadata (it used
+    AutoTokenizer on the .gguf path, which fails: issue 26)."""
+    from engine import StructuredOutputsParams
+
+    path = gguf_model("LlamaForCausalLM", "Q8_0")
+    so = StructuredOutputsParams(choice=["yes", "no"])
+    with LLM(str(path), dtype="float32", in_process=True, max_model_len=256, kv_cache_memory=8 << 20) as llm:
+        out = llm.generate(["Rain?"], SamplingParams(temperature=0, max_tokens=8, structured_outputs=so),
+                           use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.text in ("yes", "no")

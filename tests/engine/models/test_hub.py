@@ -58,6 +58,16 @@ def test_repo_id_downloads_only_what_the_engine_reads_and_runs(hub, tmp_path, ti
     assert len(out[0].outputs[0].token_ids) == 4
 
 
+def test_structured_outputs_compile_against_the_hub_snapshot_tokenizer(hub, tmp_path):
+    from engine import StructuredOutputsParams
+
+    so = StructuredOutputsParams(regex="[0-9]{3}")
+    with LLM.from_config(_resolve("acme/tiny", tmp_path, in_process=True)) as llm:
+        out = llm.generate(["n"], SamplingParams(temperature=0, max_tokens=8, structured_outputs=so),
+                           use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and len(out.text) == 3 and out.text.isdigit()
+
+
 def test_second_resolution_reuses_the_cache(hub, tmp_path):
     first = _resolve("acme/tiny", tmp_path).model
     count = len(hub.downloads())

