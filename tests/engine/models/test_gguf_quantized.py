@@ -115,17 +115,20 @@ def test_fused_decode_over_quantized_weights_matches_the_eager_path(arch, gguf_m
 @pytest.mark.skipif(not cpu_avx2.available(), reason="needs the fused decode kernels")
 def test_verify_rows_over_quantized_weights_equal_decoding_one_token_at_a_time(gguf_model, monkeypatch):  # noqa: F811
     """Speculative decoding's verify step (1 + d query tokens per request) through the fused step over Q4_K
-    blocks: each row's logits are bit for bit those of its token decoded alone, which is what keeps greedy
-    outputs with drafts identical to those without."""
+    blocks: each row's logits are bit for bit those of its token decoded alone (the quantized matmuls and
+    the decode attention's key splits work row by row), which keeps greedy outputs with drafts identical to
+    those without."""
     model = _load(gguf_model("Qwen3ForCausalLM", "Q4_K"), "gguf", dtype="bfloat16")
     rows = []
     original = cpu_avx2.DecodeStack.__call__
     monkeypatch.setattr(cpu_avx2.DecodeStack, "__call__", lambda self, x, *a: rows.append(len(x)) or original(self, x, *a))
     drafts = {"a": [40, 41, 42, 43, 44], "b": [45, 46, 47]}
+    # long enough that decode attention splits each request's keys (the split must not depend on the batch)
+    long_prompts = {req: (tokens * 40)[:150 + 10 * i] for i, (req, tokens) in enumerate(PROMPTS.items())}
 
     def run(steps: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
-        runner = PagedBatchRunner(model, num_blocks=32, block_size=4)
-        runner.step(PROMPTS)
+        runner = PagedBatchRunner(model, num_blocks=128, block_size=4)
+        runner.step(long_prompts)
         out: dict[str, list[torch.Tensor]] = {}
         for step in steps:
             for req, logits in runner.step(step).items():
@@ -133,10 +136,10 @@ def test_verify_rows_over_quantized_weights_equal_decoding_one_token_at_a_time(g
         return {req: torch.cat(parts) for req, parts in out.items()}
 
     verified = run([drafts])
-    assert rows[1:] == [8]
+    assert rows == [8]                             # the prompts ran eagerly, the verify step fused
     one_at_a_time = run([{req: tokens[i:i + 1] for req, tokens in drafts.items() if i < len(tokens)}
                          for i in range(5)])
-    assert rows[3:] == [2, 2, 2, 1, 1]
+    assert rows[1:] == [2, 2, 2, 1, 1]
     for req in drafts:
         assert torch.equal(verified[req], one_at_a_time[req]), req
 
