@@ -297,20 +297,24 @@ class _Stream:
         if delta.prompt_logprobs:
             self.prompt_logprobs.extend(delta.prompt_logprobs)
         new = delta.new_token_ids
-        self.token_ids.extend(new)
-        if delta.logprobs:
-            self.logprobs.extend(delta.logprobs)
         if delta.finished:
             # finish_reason "error" (structured outputs: the grammar failed) puts the message in stop_reason
             self.finished, self.finish_reason = True, delta.finish_reason
             self.stop_reason = delta.error if delta.finish_reason == "error" else delta.stop_reason
+        stopped = False
         if self.detokenizer is not None:
             self.detokenizer.update(new, finished=delta.finished, stop_terminated=self._stop_terminated())
-            if self.detokenizer.stop_string is not None and not delta.finished:
-                self.finished, self.finish_reason = True, "stop"
-                self.stop_reason = self.detokenizer.stop_string
-                return True
-        return False
+            if self.detokenizer.stop_string is not None:
+                # a stop string inside a run of tokens: the tokens after the one completing it are dropped
+                new = new[:self.detokenizer.num_tokens - len(self.token_ids)]
+                if not delta.finished:
+                    self.finished, self.finish_reason = True, "stop"
+                    self.stop_reason = self.detokenizer.stop_string
+                    stopped = True
+        self.token_ids.extend(new)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs[:len(new)])
+        return stopped
 
     def _stop_terminated(self) -> bool:
         """Ended by EOS or a stop token id: that last token is not rendered as text."""

@@ -85,6 +85,12 @@ class SchedulerStats(_Msg, tag="stats"):
     num_preemptions: int = 0          # cumulative
     num_free_blocks: int = 0
     step: int = 0
+    # speculative decoding, cumulative (vLLM's spec_decode_* counters): steps that verified drafts, draft
+    # tokens verified, draft tokens accepted, and accepted tokens by draft position (index 0: first draft)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []
 
 
 class Logprobs(_Msg, tag="lp"):
@@ -102,7 +108,8 @@ class RequestLogprobs(_Msg, tag="rlp"):
 
 
 class EngineOutputs(_Msg, tag="out"):
-    """One scheduler step's news for the frontend."""
+    """One scheduler step's news for the frontend. A request that produced several tokens in the step
+    (speculative decoding) appears once per token in `reqs`, its tokens in order."""
     reqs: bytes                       # int64: requests that produced a token this step
     new_token_ids: bytes              # int32, parallel to reqs
     finished_reqs: bytes              # int64: requests that finished this step (incl. aborted)
@@ -145,9 +152,19 @@ class NewRequestData(_Msg, tag="new"):
 class GrammarRows(msgspec.Struct, array_like=True):
     """Token masks for the scheduled requests that sample this step under a grammar; every other row
     samples unmasked. Row r of `bitmask` belongs to so.reqs[positions[r]]; bit j of word i allows token
-    32*i + j (engine.structured_spec.words_per_row words a row)."""
-    positions: bytes                  # int32 [R], indices into SchedulerOutput.reqs, ascending
+    32*i + j (engine.structured_spec.words_per_row words a row). A request verifying d drafts samples at
+    1 + d rows: its position repeats 1 + d times, the masks in the order of its rows."""
+    positions: bytes                  # int32 [R], indices into SchedulerOutput.reqs, non-decreasing
     bitmask: bytes                    # int32 little-endian [R, W]
+
+
+class DraftTokens(msgspec.Struct, array_like=True):
+    """Speculative decoding: the draft tokens this step verifies. Request so.reqs[positions[i]] has
+    counts[i] drafts, the next counts[i] entries of token_ids; it is scheduled for 1 + counts[i] tokens
+    (its last known token, then the drafts) and samples at each of them."""
+    positions: bytes                  # int32 [D], indices into SchedulerOutput.reqs, ascending
+    counts: bytes                     # int32 [D], each >= 1
+    token_ids: bytes                  # int32 [sum(counts)]
 
 
 class SchedulerOutput(_Msg, tag="step"):
@@ -160,6 +177,9 @@ class SchedulerOutput(_Msg, tag="step"):
     finished_reqs: bytes              # int64: drop these (finished, aborted or preempted)
     total_num_scheduled_tokens: int
     grammar: GrammarRows | None = None   # structured outputs: the token masks of this step's rows
+    drafts: DraftTokens | None = None    # speculative decoding: the drafts this step verifies
+    # (req, blocks kept): block tables cut back after rejected drafts, applied before new_block_ids
+    truncated_block_tables: list[tuple[int, int]] = []
 
 
 class ExecutorCall(_Msg, tag="call"):
@@ -183,9 +203,12 @@ class ModelRunnerOutput(_Msg, tag="result"):
     step: int
     reqs: bytes                       # int64: requests that sampled a token (prefill chunks that end
                                       # before the prompt's end sample nothing)
-    sampled_token_ids: bytes          # int32, parallel to reqs (empty for a pooling model)
+    sampled_token_ids: bytes          # int32, parallel to reqs (or to num_sampled's counts, flattened; empty
+                                      # for a pooling model)
     logprobs: list[RequestLogprobs]
     prompt_logprobs: list[RequestLogprobs]
+    # speculative decoding: int32 per req, how many tokens it produced (accepted drafts + 1); empty: one each
+    num_sampled: bytes = b""
     pooled: bytes = b""               # a pooling model: float32 [len(reqs), hidden_size], one vector per
                                       # request that reached the end of its prompt
 

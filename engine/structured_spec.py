@@ -60,10 +60,13 @@ def unpack_allowed(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
 def grammar_sample_rows(grammar: GrammarRows, sample_positions: np.ndarray,
                         words: int) -> tuple[np.ndarray, np.ndarray]:
     """(bitmask int32 [R, W], index [R] of each mask row among the step's sampling rows), where
-    sample_positions are the positions in SchedulerOutput.reqs of the rows that sample, ascending."""
+    sample_positions are the positions in SchedulerOutput.reqs of the rows that sample, non-decreasing (a
+    request verifying drafts samples at several rows: its k-th mask row goes to its k-th sampling row)."""
     positions = np.frombuffer(grammar.positions, dtype="<i4").astype(np.int64)
     bitmask = np.frombuffer(grammar.bitmask, dtype="<i4").reshape(len(positions), words).astype(np.int32)
     index = np.searchsorted(sample_positions, positions)
+    if len(positions) > 1 and (positions[1:] == positions[:-1]).any():
+        index += np.arange(len(positions)) - np.searchsorted(positions, positions)    # k-th repeat
     if len(positions) and (index.max() >= len(sample_positions)
                            or not np.array_equal(sample_positions[index], positions)):
         raise RuntimeError("grammar rows name batch positions that do not sample this step")

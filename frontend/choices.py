@@ -76,8 +76,16 @@ class Choice:
                 self.num_cached_tokens = delta.num_cached_tokens
         finished = delta.finished
         # An engine "stop" is always an EOS or stop token id: the last token, which is not rendered.
+        taken = self.detokenizer.num_tokens
         text = self.detokenizer.update(ids, finished=finished,
                                        stop_terminated=finished and delta.finish_reason == "stop")
+        taken = self.detokenizer.num_tokens - taken
+        if taken < len(ids):          # a stop string ended the output inside this step's tokens
+            self.num_output_tokens -= len(ids) - taken
+            self._metrics.generation_tokens -= len(ids) - taken
+            del ids[taken:]
+            if delta.logprobs:
+                del delta.logprobs[taken:]
         if self.pending_text:
             text, self.pending_text = self.pending_text + text, ""
         if self.texts is not None:

@@ -118,6 +118,8 @@ class _EngineCollector:
                 metric.add_metric([m.model_name, str(rank)], getattr(stats, field))
             yield metric
         config = getattr(engine, "config", None)
+        if getattr(config, "speculative_config", None) is not None:
+            yield from _spec_decode_metrics(m.model_name, each)
         if config is not None:
             # vLLM's info-style gauge (always 1): what KV-aware routers read to size a replica's cache.
             info = GaugeMetricFamily(PREFIX + "cache_config_info", "The KV cache's configuration.",
@@ -135,6 +137,26 @@ class _EngineCollector:
             metric = family(PREFIX + name, doc, labels=["model_name"])
             metric.add_metric(label, value)
             yield metric
+
+
+def _spec_decode_metrics(model_name: str, each: list):
+    """vLLM's speculative-decoding counters: verify steps, draft tokens, accepted tokens, and accepted
+    tokens per draft position (label `position`, 0 for the first draft)."""
+    for name, doc, field in (
+        ("spec_decode_num_drafts", "Request-steps that verified draft tokens.", "spec_num_drafts"),
+        ("spec_decode_num_draft_tokens", "Draft tokens verified.", "spec_num_draft_tokens"),
+        ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", "spec_num_accepted_tokens"),
+    ):
+        metric = CounterMetricFamily(PREFIX + name, doc, labels=["model_name", "engine"])
+        for rank, stats in enumerate(each):
+            metric.add_metric([model_name, str(rank)], getattr(stats, field))
+        yield metric
+    metric = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                 "Draft tokens accepted, by draft position.", labels=["model_name", "engine", "position"])
+    for rank, stats in enumerate(each):
+        for position, count in enumerate(stats.spec_accepted_per_pos):
+            metric.add_metric([model_name, str(rank), str(position)], count)
+    yield metric
 
 
 async def log_stats_periodically(metrics: ServerMetrics, interval: float) -> None:

@@ -20,17 +20,38 @@ request hits the cache only on an engine that already ran its prefix.
 The `sentences` dataset is for embedding servers: one short sentence per request, deterministic words of the
 tokenizer's whole-word vocabulary (about 14 words, as STS-style sentences), the ones `ringserve bench embed`
 embeds offline.
+The `code` dataset is copy-heavy (speculative decoding's workload, like InstructCoder's code edits): each
+prompt asks to repeat, or lightly edit, a stretch of real code read at run time from the Python standard
+library's own source files (every machine that runs this has them); `open_prompts` are the opposite, open
+questions with nothing to copy.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
+import re
+import sysconfig
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
 
-DATASETS = ("random", "prefix", "prefix_repetition", "sentences")
+DATASETS = ("random", "prefix", "prefix_repetition", "sentences", "code")
+# stdlib modules whose source the code dataset quotes (plain Python, stable across versions)
+CODE_MODULES = ("textwrap.py", "json/encoder.py", "shlex.py", "fnmatch.py", "heapq.py", "bisect.py",
+                "string.py", "calendar.py", "colorsys.py", "queue.py", "sched.py", "graphlib.py")
+CODE_TASKS = (
+    "Repeat the following Python code exactly, without any change:",
+    "Rewrite the following Python code, renaming the variable `{old}` to `{new}`. Output the whole code:",
+    "Add a one-line comment above the first line of the following Python code and output the whole code:",
+)
+OPEN_TOPICS = ("a lighthouse keeper", "the history of tea", "why the sky is blue", "a city on Mars",
+               "how bees talk", "the first winter of a young fox", "a forgotten library", "learning to sail",
+               "the life of a river", "a robot that paints", "an old clock", "the night market")
+OPEN_TASKS = ("Write a short story about {topic}.", "Explain {topic} to a curious child.",
+              "Write a poem about {topic}.", "Describe {topic} in vivid detail.")
 MAX_FIT_ROUNDS = 10
 WORDS_MEAN, WORDS_SD = 14, 6        # words per sentence
 
@@ -193,3 +214,51 @@ def sample_sentences(tokenizer, num_requests: int, seed: int = 0) -> list[Sample
     sentences = make_sentences(tokenizer, num_requests, seed)
     lengths = [len(ids) for ids in tokenizer(sentences)["input_ids"]]
     return [SampleRequest(prompt=s, prompt_len=n, expected_output_len=0) for s, n in zip(sentences, lengths)]
+
+
+def stdlib_code_snippets(num: int, seed: int = 0, lines: int = 30) -> list[str]:
+    """`num` stretches of about `lines` lines of the standard library's own Python source, each starting at
+    a top-level or method definition, from CODE_MODULES (read now, from this interpreter's stdlib)."""
+    root = sysconfig.get_paths()["stdlib"]
+    starts: list[tuple[list[str], int]] = []
+    for name in CODE_MODULES:
+        path = os.path.join(root, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read().splitlines()
+        starts += [(text, i) for i, line in enumerate(text) if re.match(r"\s{0,4}def \w+\(", line)]
+    if not starts:
+        raise ValueError(f"no Python source found under {root} for the code dataset")
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(starts), size=num, replace=num > len(starts))
+    return [textwrap.dedent("\n".join(starts[i][0][starts[i][1]:starts[i][1] + lines])).rstrip()
+            for i in picks.tolist()]
+
+
+def code_prompts(num: int, seed: int = 0, lines: int = 30) -> list[str]:
+    """Instructions to repeat or lightly edit stdlib code (one of CODE_TASKS each), code appended."""
+    rng = np.random.default_rng([seed, 2])
+    prompts = []
+    for snippet in stdlib_code_snippets(num, seed, lines):
+        names = sorted(set(re.findall(r"\b([a-z_][a-z0-9_]{2,})\s*=", snippet))) or ["result"]
+        old = names[int(rng.integers(len(names)))]
+        task = CODE_TASKS[int(rng.integers(len(CODE_TASKS)))].format(old=old, new=old + "_value")
+        prompts.append(f"{task}\n\n```python\n{snippet}\n```")
+    return prompts
+
+
+def open_prompts(num: int, seed: int = 0) -> list[str]:
+    """Open-ended requests with nothing in them to copy."""
+    rng = np.random.default_rng([seed, 3])
+    return [OPEN_TASKS[int(rng.integers(len(OPEN_TASKS)))].format(topic=OPEN_TOPICS[int(rng.integers(len(OPEN_TOPICS)))])
+            for _ in range(num)]
+
+
+def sample_code_requests(tokenizer, num_requests: int, output_len: int, seed: int = 0) -> list[SampleRequest]:
+    """The `code` dataset for `bench serve`: code_prompts asking for up to output_len tokens each."""
+    if num_requests < 1 or output_len < 1:
+        raise ValueError(f"the code dataset needs num_prompts >= 1 and output_len >= 1, got {num_requests}, "
+                         f"{output_len}")
+    return [SampleRequest(prompt=text, prompt_len=len(tokenizer.encode(text)), expected_output_len=output_len)
+            for text in code_prompts(num_requests, seed)]

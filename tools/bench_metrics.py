@@ -84,6 +84,7 @@ class BenchResult:
     # the server's own prefix-cache hit rate over the run (prompt tokens found / looked up, from the
     # vLLM-named counters in its /metrics, summed over engines); None when it exposes none
     server_prefix_cache_hit_rate: float | None = None
+    spec_decode: dict | None = None     # tools.bench_serve.spec_decode_summary, when the server drafted
 
     def to_dict(self) -> dict:
         out = dict(self.run_info)
@@ -252,6 +253,16 @@ def format_result(result: BenchResult) -> str:
     row("Total token throughput (tok/s):", result.total_token_throughput, ".2f")
     if result.server_prefix_cache_hit_rate is not None:
         row("Server prefix cache hit rate:", result.server_prefix_cache_hit_rate, ".3f")
+    spec = result.spec_decode
+    if spec is not None:
+        lines.append("{:-^50}".format("Speculative Decoding"))
+        row("Acceptance rate (%):", 100 * spec["acceptance_rate"], ".2f")
+        row("Acceptance length:", spec["acceptance_length"], ".2f")
+        row("Drafts:", spec["drafts"])
+        row("Draft tokens:", spec["draft_tokens"])
+        row("Accepted tokens:", spec["accepted_tokens"])
+        lines.append("Per-position acceptance (%):")
+        lines.extend(f"  Position {p}:{100 * rate:>34.2f}" for p, rate in enumerate(spec["per_position_acceptance"]))
     for name in result.percentile_metrics:
         short, title = METRIC_TITLES[name]
         stat = result.stats[name]

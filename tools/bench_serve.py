@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from tools.bench_client import ENDPOINT_PATHS, RequestRecord, build_payload, sen
 from tools.bench_datasets import (
     DATASETS,
     SampleRequest,
+    sample_code_requests,
     sample_prefix_repetition,
     sample_requests,
     sample_sentences,
@@ -168,6 +170,9 @@ async def run_benchmark(
             )
         elif requests is None and settings.dataset == "sentences":
             requests = sample_sentences(tokenizer, settings.num_prompts, settings.seed)
+        elif requests is None and settings.dataset == "code":
+            requests = sample_code_requests(tokenizer, settings.num_prompts, settings.random_output_len,
+                                            settings.seed)
         elif requests is None:
             requests = sample_requests(
                 tokenizer,
@@ -200,6 +205,7 @@ async def run_benchmark(
         rng = np.random.default_rng([settings.seed, 1])  # its own stream, apart from the dataset's
         offsets = arrival_offsets(len(requests), settings.request_rate, settings.burstiness, rng)
         counters_before = await prefix_cache_counters(client, base_url)
+        spec_before = await spec_decode_counters(client, base_url)
         gc.collect()
         gc.freeze()  # no collector pauses over the run's long-lived objects
         try:
@@ -209,6 +215,7 @@ async def run_benchmark(
         finally:
             gc.unfreeze()
         counters_after = await prefix_cache_counters(client, base_url)
+        spec_after = await spec_decode_counters(client, base_url)
 
     result = calculate_metrics(
         records, duration, start, tokenizer, settings.metric_percentiles, settings.goodput
@@ -218,6 +225,8 @@ async def run_benchmark(
         queries = counters_after[1] - counters_before[1]
         if queries > 0:
             result.server_prefix_cache_hit_rate = (counters_after[0] - counters_before[0]) / queries
+    if spec_before is not None and spec_after is not None:
+        result.spec_decode = spec_decode_summary(spec_before, spec_after)
     result.run_info = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": BACKENDS[settings.endpoint],
@@ -309,24 +318,63 @@ async def _warm_up(send, num_warmups: int, max_concurrency: int | None) -> None:
     await asyncio.gather(*(one() for _ in range(num_warmups)))
 
 
-async def prefix_cache_counters(client: httpx.AsyncClient, base_url: str) -> tuple[float, float] | None:
-    """(prefix-cache hit tokens, looked-up tokens) so far, summed over the server's engines, from its
-    Prometheus /metrics under ringserve's or vLLM's names; None when it has no such counters."""
+async def _counters(client: httpx.AsyncClient, base_url: str, names: tuple[str, ...]) -> dict[str, float] | None:
+    """The server's Prometheus counters `names` (without prefix and _total), each summed over its engines
+    (and, for a per-position counter, kept per `position` label as NAME[POSITION]), under ringserve's or
+    vLLM's prefix; None when /metrics has none of them."""
     try:
         response = await client.get(base_url + "/metrics")
         response.raise_for_status()
     except httpx.HTTPError:
         return None
-    totals = {"hits": 0.0, "queries": 0.0}
-    found = False
+    totals: dict[str, float] = {}
     for line in response.text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         for prefix in ("ringserve:", "vllm:"):
-            for kind in totals:
-                if name == f"{prefix}prefix_cache_{kind}_total":
-                    totals[kind] += float(line.rsplit(" ", 1)[1])
-                    found = True
-    return (totals["hits"], totals["queries"]) if found else None
+            if not name.startswith(prefix) or not name.endswith("_total") or name[len(prefix):-6] not in names:
+                continue
+            key = name[len(prefix):-6]
+            position = re.search(r'position="(\d+)"', line)
+            if position:
+                key = f"{key}[{position.group(1)}]"
+            totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals or None
+
+
+async def prefix_cache_counters(client: httpx.AsyncClient, base_url: str) -> tuple[float, float] | None:
+    """(prefix-cache hit tokens, looked-up tokens) so far, summed over the server's engines, from its
+    Prometheus /metrics under ringserve's or vLLM's names; None when it has no such counters."""
+    totals = await _counters(client, base_url, ("prefix_cache_hits", "prefix_cache_queries"))
+    if totals is None:
+        return None
+    return totals.get("prefix_cache_hits", 0.0), totals.get("prefix_cache_queries", 0.0)
+
+
+SPEC_COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+                 "spec_decode_num_accepted_tokens_per_pos")
+
+
+async def spec_decode_counters(client: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
+    """The server's speculative-decoding counters (vLLM's names), or None when it exposes none."""
+    return await _counters(client, base_url, SPEC_COUNTERS)
+
+
+def spec_decode_summary(before: dict[str, float], after: dict[str, float]) -> dict | None:
+    """What the run's drafts came to, as `vllm bench serve` reports it: acceptance rate (accepted / draft
+    tokens), mean acceptance length (1 + accepted / drafts: tokens a verify step yields), and the acceptance
+    rate of each draft position; None when nothing was drafted."""
+    delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+    drafts, draft_tokens = delta.get("spec_decode_num_drafts", 0.0), delta.get("spec_decode_num_draft_tokens", 0.0)
+    if drafts <= 0 or draft_tokens <= 0:
+        return None
+    accepted = delta.get("spec_decode_num_accepted_tokens", 0.0)
+    positions = sorted(int(key[key.index("[") + 1:-1]) for key in delta if key.endswith("]"))
+    return {
+        "drafts": int(drafts), "draft_tokens": int(draft_tokens), "accepted_tokens": int(accepted),
+        "acceptance_rate": accepted / draft_tokens, "acceptance_length": 1.0 + accepted / drafts,
+        "per_position_acceptance": [delta[f"spec_decode_num_accepted_tokens_per_pos[{p}]"] / drafts
+                                    for p in positions],
+    }
 
 
 async def first_served_model(client: httpx.AsyncClient, base_url: str) -> tuple[str, str | None]:

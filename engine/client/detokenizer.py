@@ -143,16 +143,29 @@ class Detokenizer:
     def text(self) -> str:
         return "".join(self._pieces)
 
+    @property
+    def num_tokens(self) -> int:
+        """Output tokens taken so far: after a stop string, those up to the one that completed it."""
+        return self._num_tokens
+
     def update(self, new_token_ids: Sequence[int], *, finished: bool = False,
                stop_terminated: bool = False) -> str:
         """Add one step's tokens; return the text that became final.
 
         finished: the engine ended the request with these tokens; stop_terminated: it ended by EOS or a stop
         token id, which is then not rendered (unless include_stop_str_in_output). When a stop string matches,
-        `stop_string` is set, `finished` turns True and the caller must end the request.
+        `stop_string` is set, `finished` turns True and the caller must end the request; the tokens after
+        the one that completed it are not taken (num_tokens says how many were).
         """
         if self.finished:
             return ""
+        if self._stops is not None and len(new_token_ids) > 1:
+            # several tokens in one step (speculative decoding, a slow reader): a stop string, and where
+            # min_tokens lets the check begin, fall on the token they would fall on one token a step
+            last = len(new_token_ids) - 1
+            return "".join(self.update(new_token_ids[i:i + 1], finished=finished and i == last,
+                                       stop_terminated=stop_terminated and i == last)
+                           for i in range(len(new_token_ids)) if not self.finished)
         self._num_tokens += len(new_token_ids)
         if stop_terminated and not self._include_stop and new_token_ids:
             new_token_ids = new_token_ids[:-1]

@@ -141,6 +141,10 @@ class DPEngineClient(EngineClientBase):
             prefix_cache_hits=sum(s.prefix_cache_hits for s in each),
             num_preemptions=sum(s.num_preemptions for s in each),
             num_free_blocks=sum(s.num_free_blocks for s in each), step=max(s.step for s in each),
+            spec_num_drafts=sum(s.spec_num_drafts for s in each),
+            spec_num_draft_tokens=sum(s.spec_num_draft_tokens for s in each),
+            spec_num_accepted_tokens=sum(s.spec_num_accepted_tokens for s in each),
+            spec_accepted_per_pos=[sum(column) for column in zip(*(s.spec_accepted_per_pos for s in each))],
         )
 
     @property

@@ -6,8 +6,9 @@ hold the cache_salt, so the salt flows down the whole chain and different salts 
 A block enters the cache only once its keys and values are computed (a block scheduled but then
 preempted before it ran must never be found), and leaves it lazily, when the free list hands it out again.
 
-Block tables are append-only: a request gains blocks while it runs and gives all of them back at once
-(finish, abort, preemption), tail first, so that the prefix, the most shareable part, is evicted last.
+Block tables grow at the end: a request gains blocks while it runs and gives all of them back at once
+(finish, abort, preemption), tail first, so that the prefix, the most shareable part, is evicted last. The
+one cut is speculative decoding's: blocks that held only rejected draft tokens go back at once (free_tail).
 """
 
 from __future__ import annotations
@@ -136,6 +137,16 @@ class KVCacheManager:
         self.block_pool.free_blocks(reversed(request.blocks))
         request.blocks = []
         request.num_cached_blocks = 0
+
+    def free_tail(self, request: Request, num_kept: int) -> bool:
+        """Give back the request's blocks past its first num_kept (slots of rejected draft tokens: never
+        computed for real, so never cached), last first; True when any went back."""
+        blocks = request.blocks
+        if len(blocks) <= num_kept:
+            return False
+        self.block_pool.free_blocks(reversed(blocks[num_kept:]))
+        del blocks[num_kept:]
+        return True
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()

@@ -53,6 +53,7 @@ class Request:
         "stop_token_set", "min_tokens", "max_num_tokens", "skip_prefix_cache", "wire_bytes",
         "blocks", "block_hashes", "num_cached_blocks", "num_cached_tokens", "num_preemptions",
         "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "num_in_flight", "grammar",
+        "spec_token_ids",
     )
 
     def __init__(
@@ -118,6 +119,8 @@ class Request:
         self.last_token_ts: float | None = None
         # Structured outputs: the compile, then the matcher (engine/core/structured_output.py).
         self.grammar: RequestGrammar | None = None
+        # Speculative decoding: the draft tokens its scheduled step verifies (engine/core/speculator.py).
+        self.spec_token_ids: list[int] | tuple[()] = ()
 
     @classmethod
     def from_add_request(cls, msg: AddRequest, max_model_len: int) -> Request:

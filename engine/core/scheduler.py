@@ -16,6 +16,14 @@ applied. A request's samples in flight (num_in_flight) count as known tokens whe
 executors append the tokens they sample themselves), and a request whose remaining tokens are all in flight
 waits. A request that stops on a token it sampled may already be scheduled once more: that step's sample
 for it is dropped like an aborted request's.
+
+Speculative decoding (config.speculative_config; engine/core/speculator.py): a request whose known tokens
+are all computed but the last may get draft tokens. It is scheduled for 1 + d tokens (the budget and the KV
+slots count them), samples at each, and comes back with the accepted drafts plus one token. Its
+num_computed_tokens then drops back by the rejected drafts, the stop checks run token by token (a stop
+inside the accepted run drops what follows), and blocks that held only rejected drafts are freed (the
+executors cut their tables with the next step). Under async scheduling a request that may draft waits for
+its step in flight, as a structured one does: its drafts follow from the token still being sampled.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from engine.core.block_pool import KVCacheBlock
 from engine.core.kv_cache_manager import KVCacheManager, cdiv
 from engine.core.request import FINISH_CODES, Request, RequestStatus
 from engine.core.request_queue import create_request_queue, pick_preemption_victim
+from engine.core.speculator import Speculator, draft_tokens, first_rows
 from engine.core.structured_output import GrammarManager
 from engine.messages import (
     HANDLE,
@@ -41,6 +50,7 @@ from engine.messages import (
     GrammarRows,
     ModelRunnerOutput,
     NewRequestData,
+    RequestLogprobs,
     SchedulerOutput,
     SchedulerStats,
     unpack,
@@ -122,6 +132,10 @@ class Scheduler:
         self.compiling: list[Request] = []
         self.structured: dict[int, Request] = {}
         self._step_columns: tuple[list[int], list[int], list[int]] = ([], [], [])
+        # Speculative decoding: drafts, acceptance and its counters; block-table cuts for the executors.
+        spec = config.speculative_config
+        self.speculator = Speculator(spec) if spec is not None else None
+        self._truncated_tables: list[tuple[int, int]] = []
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, msg: AddRequest) -> None:
@@ -193,7 +207,12 @@ class Scheduler:
 
     def make_stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager
+        spec = self.speculator
+        speculation = {} if spec is None else dict(
+            spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
+            spec_num_accepted_tokens=spec.num_accepted_tokens, spec_accepted_per_pos=list(spec.accepted_per_pos))
         return SchedulerStats(
+            **speculation,
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             kv_cache_usage=kv.usage,
@@ -222,6 +241,11 @@ class Scheduler:
         num_samples = 0
         sampling: set[int] = set()      # running requests this step brings to a sample
         preempted = False
+        speculator = self.speculator
+        drafting = speculator is not None and speculator.batch_allows(len(self.running))
+        drafted: list[Request] = []
+        # a structured request's drafts need a grammar mask each: at most one full batch of extra rows
+        mask_rows = self.max_num_seqs - len(self.running)
 
         add_handle, add_count, add_computed = handles.append, counts.append, computed.append
         running = self.running
@@ -231,14 +255,21 @@ class Scheduler:
             num_computed = request.num_computed_tokens
             num_tokens = len(request.all_token_ids)
             if self.async_scheduling and request.num_in_flight:
-                if request.grammar is not None:
-                    i += 1          # its next mask depends on the token in flight: it waits for it
+                if request.grammar is not None or (drafting and not speculator.paused(request)):
+                    i += 1          # its next mask (or draft) depends on the token in flight: it waits
                     continue
                 num_tokens += request.num_in_flight
                 if num_tokens >= request.max_num_tokens:
                     i += 1          # its last token is in flight: it finishes when that arrives
                     continue
             n = num_tokens - num_computed
+            drafts = ()
+            if drafting and n == 1 and not request.num_in_flight:
+                limit = min(budget, max_chunk, request.max_num_tokens - num_tokens) - 1
+                if request.grammar is not None:
+                    limit = min(limit, mask_rows)
+                drafts = speculator.propose(request, limit) if limit > 0 else ()
+                n += len(drafts)
             if n > budget:
                 n = budget
             if n > max_chunk:
@@ -246,6 +277,9 @@ class Scheduler:
             # Most decode steps fit in the last block's free room and need no allocation at all.
             if num_computed + n > len(request.blocks) * block_size:
                 new_blocks = allocate_slots(request, n)
+                if new_blocks is None and drafts:       # short of blocks: no speculation, no preemption
+                    drafts, n = (), n - len(drafts)
+                    new_blocks = allocate_slots(request, n)
                 if new_blocks is None:
                     new_blocks, i, lost_samples = self._preempt_for(request, n, i, handles, counts,
                                                                     computed, new_block_ids, sampling)
@@ -254,13 +288,19 @@ class Scheduler:
                     preempted = True
                     if new_blocks is None:
                         continue    # it preempted itself; running[i] is now the next request
-                new_block_ids.append((request.req, pack_i32([b.block_id for b in new_blocks])))
+                if new_blocks:
+                    new_block_ids.append((request.req, pack_i32([b.block_id for b in new_blocks])))
             add_handle(request.req)
             add_count(n)
             add_computed(num_computed)
+            if drafts:
+                request.spec_token_ids = drafts
+                drafted.append(request)
+                if request.grammar is not None:
+                    mask_rows -= len(drafts)
             # Advanced at schedule time, as vLLM does; a victim taken out of the batch is rolled back.
             request.num_computed_tokens = num_computed + n
-            if num_computed + n == num_tokens:
+            if num_computed + n == num_tokens + len(drafts):
                 num_samples += 1
                 request.num_in_flight += 1
                 sampling.add(request.req)
@@ -279,9 +319,12 @@ class Scheduler:
         self._step_columns = (handles, counts, computed)
         # Drops ride on a step that reaches the executors; an empty step is skipped by the engine loop.
         dropped = b""
+        truncated: list[tuple[int, int]] = []
         if total and self._dropped_reqs:
             dropped = pack_i64(self._dropped_reqs)
             self._dropped_reqs = []
+        if total and self._truncated_tables:
+            truncated, self._truncated_tables = self._truncated_tables, []
         return SchedulerOutput(
             step=self.step,
             new_reqs=new_reqs,
@@ -291,6 +334,8 @@ class Scheduler:
             new_block_ids=new_block_ids,
             finished_reqs=dropped,
             total_num_scheduled_tokens=total,
+            drafts=draft_tokens(drafted, handles) if drafted else None,
+            truncated_block_tables=truncated,
         )
 
     def _check_compiles(self) -> None:
@@ -314,17 +359,19 @@ class Scheduler:
         if not structured:
             return None
         handles, counts, computed = self._step_columns
-        positions, matchers = [], []
+        positions, matchers, drafts = [], [], []
         for position, handle in enumerate(handles):
             request = structured.get(handle)
-            if request is None or computed[position] + counts[position] != len(request.all_token_ids):
+            if request is None or (computed[position] + counts[position]
+                                   != len(request.all_token_ids) + len(request.spec_token_ids)):
                 continue
             if not request.grammar.terminated:       # a finished grammar (ignore_eos) samples freely
                 positions.append(position)
                 matchers.append(request.grammar.matcher)
+                drafts.append(request.spec_token_ids)
         if not matchers:
             return None
-        return self.grammars.fill(positions, matchers)
+        return self.grammars.fill(positions, matchers, drafts)
 
     def _schedule_waiting(
         self,
@@ -424,6 +471,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Free a running request's blocks and queue it for recompute, keeping its tokens."""
         self.running.remove(request)
+        request.spec_token_ids = ()         # rejected or not, its drafts' slots go with its blocks
         # async: a step in flight may have computed past the known tokens, which have no block hash yet
         request.num_computed_tokens = min(request.num_computed_tokens, len(request.all_token_ids))
         self.kv_cache_manager.free(request)
@@ -451,15 +499,20 @@ class Scheduler:
             if runner_output.step != scheduler_output.step:
                 raise RuntimeError(f"runner output of step {runner_output.step} given for step "
                                    f"{scheduler_output.step}")
-            gone = self._apply_samples(scheduler_output.step, unpack(out_reqs, HANDLE).tolist(),
-                                       unpack(out_tokens, TOKEN).tolist(), now)
-            if gone:
-                # Requests aborted while their step ran: their tokens are not news any more.
-                keep = [i for i, h in enumerate(unpack(out_reqs, HANDLE).tolist()) if h not in gone]
-                out_reqs = unpack(out_reqs, HANDLE)[keep].tobytes()
-                out_tokens = unpack(out_tokens, TOKEN)[keep].tobytes()
-                logprobs = [lp for lp in logprobs if lp.req not in gone]
+            if runner_output.num_sampled:     # speculative decoding: several tokens for some requests
+                out_reqs, out_tokens, logprobs, gone = self._apply_verified(scheduler_output.step, runner_output,
+                                                                            now)
                 prompt_logprobs = [lp for lp in prompt_logprobs if lp.req not in gone]
+            else:
+                gone = self._apply_samples(scheduler_output.step, unpack(out_reqs, HANDLE).tolist(),
+                                           unpack(out_tokens, TOKEN).tolist(), now)
+                if gone:
+                    # Requests aborted while their step ran: their tokens are not news any more.
+                    keep = [i for i, h in enumerate(unpack(out_reqs, HANDLE).tolist()) if h not in gone]
+                    out_reqs = unpack(out_reqs, HANDLE)[keep].tobytes()
+                    out_tokens = unpack(out_tokens, TOKEN)[keep].tobytes()
+                    logprobs = [lp for lp in logprobs if lp.req not in gone]
+                    prompt_logprobs = [lp for lp in prompt_logprobs if lp.req not in gone]
         elif scheduler_output.total_num_scheduled_tokens:
             raise RuntimeError(f"step {scheduler_output.step} scheduled tokens but got no runner output")
 
@@ -503,14 +556,9 @@ class Scheduler:
             if request.first_token_ts is None:
                 request.first_token_ts = now
             request.last_token_ts = now
-            finished = request.append_token(token)
-            grammar = request.grammar
-            if grammar is not None and not grammar.terminated:
-                finished = self._advance_grammar(request, token, finished)
+            finished = self._take_token(request, token)
             if finished is not None:
-                if request.status is PREEMPTED:       # async: preempted while its last step ran
-                    self.waiting.remove(request)
-                self._finish(request, finished, self._grammar_error(request, token, finished))
+                self._finish_sampled(request, finished, token)
                 any_finished = True
             elif caching:
                 if len(request.all_token_ids) % block_size == 0:
@@ -521,6 +569,79 @@ class Scheduler:
         if any_finished:
             self.running = [r for r in self.running if r.status is RUNNING]
         return gone
+
+    def _apply_verified(self, step: int, out: ModelRunnerOutput,
+                        now: float) -> tuple[bytes, bytes, list[RequestLogprobs], set[int]]:
+        """_apply_samples for a step that verified drafts: each request's accepted run, token by token (what
+        follows a stop is dropped), then its rejected drafts undone. Returns the (repeated) handles, the
+        tokens and the logprobs that are news, and the handles no longer known."""
+        handles = unpack(out.reqs, HANDLE).tolist()
+        counts = unpack(out.num_sampled, TOKEN).tolist()
+        tokens = unpack(out.sampled_token_ids, TOKEN).tolist()
+        expected = self._expected_samples.pop(step, 0)
+        if len(handles) != expected or len(counts) != expected or sum(counts) != len(tokens):
+            raise RuntimeError(f"the runner reported {len(handles)} requests with {len(counts)} counts and "
+                               f"{len(tokens)} tokens for step {step}, which brought {expected} to a sample")
+        requests, block_size, kv = self.requests, self.block_size, self.kv_cache_manager
+        news_handles: list[int] = []
+        news_tokens: list[int] = []
+        kept: dict[int, int] = {}
+        gone = {handle for handle in handles if handle not in requests}
+        any_finished = False
+        start = 0
+        for handle, count in zip(handles, counts):
+            run = tokens[start:start + count]
+            start += count
+            request = requests.get(handle)
+            if request is None:
+                continue
+            request.num_in_flight -= 1
+            if request.first_token_ts is None:
+                request.first_token_ts = now
+            request.last_token_ts = now
+            drafts = request.spec_token_ids
+            if drafts:
+                request.spec_token_ids = ()
+                self.speculator.record(request, len(drafts), count - 1)
+                request.num_computed_tokens -= len(drafts) + 1 - count
+            finished = None
+            num_kept = 0
+            for token in run:
+                num_kept += 1
+                finished = self._take_token(request, token)
+                if finished is not None:
+                    break
+            news_handles.extend([handle] * num_kept)
+            news_tokens.extend(run[:num_kept])
+            kept[handle] = num_kept
+            if kv.enable_caching and len(request.all_token_ids) // block_size > len(request.block_hashes):
+                kv.hash_new_blocks(request)         # the run may have filled blocks, the last one too
+            if finished is not None:
+                self._finish_sampled(request, finished, run[num_kept - 1])
+                any_finished = True
+                continue
+            if drafts and kv.free_tail(request, cdiv(len(request.all_token_ids), block_size)):
+                self._truncated_tables.append((handle, len(request.blocks)))
+            if (kv.enable_caching and request.status is RUNNING
+                    and request.num_computed_tokens >= (request.num_cached_blocks + 1) * block_size):
+                kv.cache_computed_blocks(request)
+        if any_finished:
+            self.running = [r for r in self.running if r.status is RUNNING]
+        logprobs = [first_rows(lp, kept[lp.req]) for lp in out.logprobs if lp.req in kept]
+        return pack_i64(news_handles), pack_i32(news_tokens), logprobs, gone
+
+    def _take_token(self, request: Request, token: int) -> RequestStatus | None:
+        """Append a sampled token, advance the request's grammar; the finished status it causes, or None."""
+        finished = request.append_token(token)
+        grammar = request.grammar
+        if grammar is not None and not grammar.terminated:
+            finished = self._advance_grammar(request, token, finished)
+        return finished
+
+    def _finish_sampled(self, request: Request, status: RequestStatus, token: int) -> None:
+        if request.status is PREEMPTED:       # async: preempted while its last step ran
+            self.waiting.remove(request)
+        self._finish(request, status, self._grammar_error(request, token, status))
 
     def _advance_grammar(self, request: Request, token: int, finished: RequestStatus | None) -> RequestStatus | None:
         """Feed a sampled token to the request's matcher. The mask makes a refusal impossible, so one is an
@@ -552,8 +673,11 @@ class Scheduler:
         del self.requests[request.req]
         if request.grammar is not None:
             self.structured.pop(request.req, None)
+        if self.speculator is not None:
+            self.speculator.finish(request)
         if status is FINISHED_ERROR:
             self._errors.append((request.req, error or "the request failed"))
         self._finished_reqs.append(request.req)
         self._finish_reasons.append(FINISH_CODES[status])
         self._stop_reasons.append(request.stop_reason)
+

@@ -12,7 +12,7 @@ per-step token bitmask that travels to the executors with the SchedulerOutput.
   is stopped for real: its worker process is killed.
 - `fill` writes the masks of this step's sampling rows into one preallocated [max_num_seqs, W] int32 buffer
   in a single batched call (C++ threads, no GIL) and returns them as `GrammarRows`.
-- `accept` advances a matcher by the sampled token.
+- `accept` advances a matcher by the sampled token (by each accepted token, under speculative decoding).
 
 xgrammar (which imports torch) is imported at the first structured request; the tokenizer is loaded only
 in the compile workers, never in the scheduler.
@@ -153,16 +153,40 @@ class GrammarManager:
             self._cached_bytes -= job.size
 
     # ------------------------------------------------------------------ per step
-    def fill(self, positions: list[int], matchers: list) -> GrammarRows:
-        """The masks of `matchers` (this step's sampling rows at `positions` in the batch), batched."""
+    def fill(self, positions: list[int], matchers: list, drafts: list[list[int]] | None = None) -> GrammarRows:
+        """The masks of `matchers` (this step's sampling rows at `positions` in the batch), batched. A
+        request verifying drafts (speculative decoding) gets one mask per draft position: its matcher is
+        advanced over the drafts (which it accepts: the scheduler checked them) and rolled back."""
         if self._batch is None:
             import xgrammar as xgr
 
             self._batch = xgr.BatchGrammarMatcher(max(1, min(4, (os.cpu_count() or 2) // 2)))
             self._bitmask = np.empty((self.max_rows, self.words), dtype=np.int32)
-        rows = self._bitmask[: len(matchers)]
-        self._batch.batch_fill_next_token_bitmask(matchers, rows)
-        return GrammarRows(positions=np.asarray(positions, dtype="<i4").tobytes(), bitmask=rows.tobytes())
+        if not drafts or not any(drafts):
+            rows = self._bitmask[: len(matchers)]
+            self._batch.batch_fill_next_token_bitmask(matchers, rows)
+            return GrammarRows(positions=np.asarray(positions, dtype="<i4").tobytes(), bitmask=rows.tobytes())
+        needed = len(matchers) + sum(map(len, drafts))
+        if needed > len(self._bitmask):
+            self._bitmask = np.empty((needed, self.words), dtype=np.int32)
+        row_positions: list[int] = []
+        plain, plain_rows = [], []
+        for position, matcher, draft in zip(positions, matchers, drafts, strict=True):
+            if not draft:
+                plain.append(matcher)
+                plain_rows.append(len(row_positions))
+                row_positions.append(position)
+                continue
+            for token in (*draft, None):
+                matcher.fill_next_token_bitmask(self._bitmask, len(row_positions))
+                row_positions.append(position)
+                if token is not None:
+                    matcher.accept_token(token)
+            matcher.rollback(len(draft))
+        if plain:
+            self._batch.batch_fill_next_token_bitmask(plain, self._bitmask, plain_rows)
+        return GrammarRows(positions=np.asarray(row_positions, dtype="<i4").tobytes(),
+                           bitmask=self._bitmask[: len(row_positions)].tobytes())
 
     @staticmethod
     def accept(grammar: RequestGrammar, token_id: int) -> bool:

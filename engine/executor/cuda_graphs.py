@@ -6,6 +6,12 @@ step whose batch fits is padded up to the next captured size (padding tokens wri
 KV write skips, and attend one position of the null block) and replayed; everything else runs eagerly.
 Inputs reach the static buffers through pinned host staging (graph_staging.py) with non-blocking copies, so
 a step needs no device synchronisation beyond reading back the sampled tokens.
+
+Speculative decoding's verify steps (a request's last token and its drafts) replay the same graphs: each
+query token becomes a decode row with its own sequence length and a copy of its request's block-table row
+(StepInputs.token_rows), padded to the size that holds the step's tokens. Every layer writes the step's keys
+and values before it attends, so a draft sees the drafts before it. A verify step that also carries a
+longer prefill chunk runs eagerly.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from engine.executor.graph_staging import GraphInputStaging
 from engine.executor.input_batch import StepInputs
 
 MAX_CAPTURE_SIZE = 512
+# the most query tokens per request a verify step replays with (1 + speculative_config's 32 drafts at most)
+MAX_VERIFY_QUERY_LEN = 33
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -74,10 +82,13 @@ class CudaGraphRunner:
         torch.cuda.synchronize()
 
     def can_run(self, inputs: StepInputs) -> bool:
-        return inputs.max_query_len == 1 and inputs.num_reqs <= self.max_size
+        if inputs.max_query_len > 1 and (inputs.sample_offsets is None
+                                         or inputs.max_query_len > MAX_VERIFY_QUERY_LEN):
+            return False
+        return inputs.num_tokens <= self.max_size
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        n = inputs.num_reqs
+        n = inputs.num_tokens
         size = next(s for s in self.sizes if s >= n)
         self.staging.fill(inputs, size)
         self.staging.copy_to(self._static, size)

@@ -42,6 +42,8 @@ class FakeModelRunner:
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
         batch = self.batch
+        for req, num_kept in so.truncated_block_tables:
+            batch.truncate_blocks(req, num_kept)
         for req in unpack(so.finished_reqs, HANDLE).tolist():
             batch.remove(req)
         for new in so.new_reqs:
@@ -57,6 +59,13 @@ class FakeModelRunner:
         sampled = ((last * 7 + 13) % self.config.vocab_size).astype(np.int32)
         if so.grammar is not None:
             self._apply_grammar(so, inputs.sample_positions, sampled)
+        if inputs.sample_offsets is not None:       # drafts: a token per position, the accepted run kept
+            verified = batch.accept(inputs, sampled)
+            return ModelRunnerOutput(
+                step=so.step, reqs=verified.reqs.astype(HANDLE).tobytes(),
+                sampled_token_ids=verified.tokens.astype(np.int32).tobytes(), logprobs=[], prompt_logprobs=[],
+                num_sampled=verified.counts.astype(np.int32).tobytes(),
+            )
         batch.append_sampled(inputs.sample_rows, sampled)
         return ModelRunnerOutput(
             step=so.step, reqs=inputs.sample_reqs.astype(HANDLE).tobytes(),

@@ -47,15 +47,16 @@ class GraphInputStaging:
         """Write a step's inputs for `size` padded rows into the host buffers."""
         if self._copied is not None:
             self._copied.synchronize()
-        n = inputs.num_reqs
+        n = inputs.num_tokens
+        seq_lens, rows = inputs.token_rows()          # a verify step: one decode row per query token
         host = self._np
         for name, (_, pad) in INPUTS.items():
-            host[name][:n] = getattr(inputs, name)
+            host[name][:n] = seq_lens if name == "seq_lens" else getattr(inputs, name)
             host[name][n:size] = pad
         tables = host["block_tables"]
         if inputs.block_table.shape[1] != tables.shape[1]:
             raise ValueError(f"block table width {inputs.block_table.shape[1]} != staging width {tables.shape[1]}")
-        np.take(inputs.block_table, inputs.rows, axis=0, out=tables[:n])
+        np.take(inputs.block_table, rows, axis=0, out=tables[:n])
         tables[n:size, 0] = 0                # the null block; later columns are never read (seq_len 1)
 
     def copy_to(self, device_buffers: dict[str, torch.Tensor], size: int) -> None:

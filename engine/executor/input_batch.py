@@ -4,6 +4,10 @@ Each request the executor knows occupies a row of preallocated numpy arrays (its
 table). A step's inputs (input ids, positions, cache slots, query offsets, sequence lengths, block tables,
 which rows sample) are gathered from those rows with a handful of vectorised numpy operations, so the
 per-step CPU cost grows with the number of scheduled requests, never with their lengths.
+
+Speculative decoding: a request verifying d drafts has them written after its known tokens (they are not
+known tokens: num_tokens stays) and samples at each of its 1 + d positions; the step's sampling rows list
+it 1 + d times in a row, with `sample_offsets` 0..d. Afterwards append_accepted() keeps what was accepted.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.messages import HANDLE, TOKEN, NewRequestData, SchedulerOutput, unpack
+from engine.messages import HANDLE, TOKEN, DraftTokens, NewRequestData, SchedulerOutput, unpack
+from engine.sample.speculative import accepted_lengths, runs
 
 
 @dataclass
@@ -43,6 +48,8 @@ class StepInputs:
     sample_reqs: np.ndarray          # int64 [S]: their handles
     prompt_logprobs: list[PromptLogprobsPlan]
     sample_positions: np.ndarray | None = None   # int64 [S]: their positions in SchedulerOutput.reqs
+    sample_offsets: np.ndarray | None = None     # int64 [S]: drafts before each row; None: no drafts
+    num_sample_rows: np.ndarray | None = None    # int64 [sampling requests]: 1 + drafts; None: all 1
 
     @property
     def num_tokens(self) -> int:
@@ -52,11 +59,34 @@ class StepInputs:
     def num_reqs(self) -> int:
         return len(self.seq_lens)
 
+    def token_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(seq_lens, rows) with one entry per query token, so that a step with a few query tokens per
+        request (a verify step) runs as a batch of decode rows: token i of a request with q query tokens and
+        seq_len cached ones (its own included) sees seq_len - q + i + 1 of them. The keys and values of the
+        whole step are written before any row attends, so a draft sees the drafts before it."""
+        if self.max_query_len == 1:
+            return self.seq_lens, self.rows
+        counts = np.diff(self.query_start_loc).astype(np.int64)
+        owner, offset = runs(counts)
+        return (self.seq_lens[owner] - counts[owner] + offset + 1).astype(np.int32), self.rows[owner]
+
     @property
     def block_tables(self) -> np.ndarray:
         """int32 [R, ceil(max_seq_len / block_size)]: the step's rows of the table, gathered (a copy) for
         the eager path; the CUDA-graph path gathers rows straight into its pinned staging instead."""
         return self.block_table[self.rows, : -(-self.max_seq_len // self.block_size)]
+
+
+@dataclass
+class Verified:
+    """What a step with drafts keeps: per sampling request its handle and how many tokens (accepted drafts
+    + 1), the kept tokens in order, and per sampling row whether it was kept and its offset."""
+
+    reqs: np.ndarray                 # int64 [N]
+    counts: np.ndarray               # int64 [N]
+    tokens: np.ndarray               # [sum(counts)]
+    keep: np.ndarray                 # bool [S]
+    offsets: np.ndarray              # int64 [S]
 
 
 class InputBatch:
@@ -116,6 +146,23 @@ class InputBatch:
         self.token_ids[rows, positions] = token_ids
         self.num_tokens[rows] = positions + 1
 
+    def accept(self, inputs: StepInputs, sampled: np.ndarray) -> Verified:
+        """After a step with drafts: keep each sampling request's accepted run of `sampled` (the tokens drawn
+        at its 1 + d rows; engine/sample/speculative.py) and append it to its row."""
+        num_rows = inputs.num_sample_rows
+        # the draft each row is checked against is the next input token (at a run's last row: ignored)
+        drafts = inputs.input_ids[np.minimum(inputs.logits_indices + 1, len(inputs.input_ids) - 1)]
+        counts = accepted_lengths(sampled, drafts, num_rows)
+        owner, offsets = runs(num_rows)
+        keep = offsets < counts[owner]
+        first = np.cumsum(num_rows) - num_rows
+        rows, tokens = inputs.sample_rows[first], sampled[keep]
+        kept_owner, step = runs(counts)
+        self.token_ids[rows[kept_owner], self.num_tokens[rows][kept_owner] + step] = tokens
+        self.num_tokens[rows] += counts
+        return Verified(reqs=inputs.sample_reqs[first], counts=counts, tokens=tokens, keep=keep,
+                        offsets=offsets)
+
     def rows_of(self, reqs: np.ndarray) -> np.ndarray:
         lookup = self.req_to_row
         return np.fromiter((lookup[r] for r in reqs.tolist()), dtype=np.int64, count=len(reqs))
@@ -126,6 +173,11 @@ class InputBatch:
         rows = self.rows_of(reqs)
         num_scheduled = unpack(so.num_scheduled_tokens, TOKEN).astype(np.int64)
         num_computed = unpack(so.num_computed_tokens, TOKEN).astype(np.int64)
+        known = self.num_tokens[rows]
+        num_drafts = None
+        if so.drafts is not None:
+            num_drafts = self._write_drafts(so.drafts, rows)
+            known = known + num_drafts
         cu_tokens = np.cumsum(num_scheduled)
         max_query_len = int(num_scheduled.max())
         if max_query_len == 1:        # pure decode: one token per request
@@ -138,11 +190,11 @@ class InputBatch:
             positions = num_computed[owner] + offsets
             token_rows = rows[owner]
         seq_lens = num_computed + num_scheduled
-        if (seq_lens > self.num_tokens[rows]).any():
-            bad = int(np.argmax(seq_lens > self.num_tokens[rows]))
+        if (seq_lens > known).any():
+            bad = int(np.argmax(seq_lens > known))
             raise RuntimeError(
                 f"request {int(reqs[bad])} was scheduled up to token {int(seq_lens[bad])} but the "
-                f"executor knows only {int(self.num_tokens[rows[bad]])} of its tokens"
+                f"executor knows only {int(known[bad])} of its tokens (drafts included)"
             )
         bs = self.block_size
         input_ids = self.token_ids[token_rows, positions].astype(np.int64)
@@ -150,9 +202,16 @@ class InputBatch:
         max_seq_len = int(seq_lens.max())
         query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
         query_start_loc[1:] = cu_tokens
-        samples = seq_lens >= self.num_tokens[rows]
+        samples = seq_lens >= known
         plans = self._prompt_logprob_plans(reqs, rows, num_computed, num_scheduled, cu_tokens) \
             if self.prompt_logprobs else []
+        if num_drafts is not None:
+            return self._verify_inputs(StepInputs(
+                input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
+                query_start_loc=query_start_loc, seq_lens=seq_lens.astype(np.int32), rows=rows,
+                block_table=self.block_table, block_size=bs, max_query_len=max_query_len, max_seq_len=max_seq_len,
+                logits_indices=cu_tokens, sample_rows=rows, sample_reqs=reqs, prompt_logprobs=plans,
+            ), samples, num_drafts)
         return StepInputs(
             input_ids=input_ids,
             positions=positions,
@@ -170,6 +229,43 @@ class InputBatch:
             prompt_logprobs=plans,
             sample_positions=np.flatnonzero(samples),
         )
+
+    def truncate_blocks(self, req: int, num_kept: int) -> None:
+        """The scheduler freed the request's blocks past num_kept (they held only rejected drafts)."""
+        row = self.req_to_row[req]
+        if num_kept > self.num_blocks[row]:
+            raise RuntimeError(f"request {req}: cut to {num_kept} blocks, but its table has {self.num_blocks[row]}")
+        self.num_blocks[row] = num_kept
+
+    def _write_drafts(self, drafts: DraftTokens, rows: np.ndarray) -> np.ndarray:
+        """Put each drafting request's drafts after its known tokens; returns drafts per scheduled request."""
+        positions = unpack(drafts.positions, TOKEN).astype(np.int64)
+        counts = unpack(drafts.counts, TOKEN).astype(np.int64)
+        tokens = unpack(drafts.token_ids, TOKEN)
+        num_drafts = np.zeros(len(rows), dtype=np.int64)
+        num_drafts[positions] = counts
+        owner, step = runs(counts)
+        draft_rows = rows[positions[owner]]
+        columns = self.num_tokens[draft_rows] + step
+        if len(columns) and columns.max() >= self.max_model_len:
+            raise RuntimeError("draft tokens reach past max_model_len")
+        self.token_ids[draft_rows, columns] = tokens
+        return num_drafts
+
+    @staticmethod
+    def _verify_inputs(inputs: StepInputs, samples: np.ndarray, num_drafts: np.ndarray) -> StepInputs:
+        """The sampling rows of a step with drafts: a request that samples does so at its last 1 + d tokens
+        (inputs.logits_indices holds the cumulative token counts, sample_rows/reqs the step's rows/reqs)."""
+        cu_tokens = inputs.logits_indices
+        spans = np.where(samples, 1 + num_drafts, 0)
+        owner, offsets = runs(spans)
+        inputs.logits_indices = cu_tokens[owner] - spans[owner] + offsets
+        inputs.sample_rows = inputs.sample_rows[owner]
+        inputs.sample_reqs = inputs.sample_reqs[owner]
+        inputs.sample_positions = owner
+        inputs.sample_offsets = offsets
+        inputs.num_sample_rows = spans[samples]
+        return inputs
 
     def _prompt_logprob_plans(self, reqs, rows, num_computed, num_scheduled, cu_tokens):
         plans = []

@@ -4,6 +4,11 @@
 the model (a captured CUDA graph for pure-decode batches when possible, eager otherwise), computes logits
 only at the positions that sample, samples, and returns what rank 0 reports to the scheduler. All ranks of
 a tensor-parallel group run exactly the same steps on the same inputs, so they sample the same tokens.
+
+A step with draft tokens (speculative decoding) verifies them in the same forward: every drafting request
+samples at each of its 1 + d positions, keeps its accepted run (InputBatch.accept) and reports how many
+tokens it produced. On a GPU such steps replay the decode CUDA graphs, one decode row per query token
+(engine/executor/cuda_graphs.py); on a CPU the fused decode step takes them (engine/models/cpu_decode.py).
 """
 
 from __future__ import annotations
@@ -234,20 +239,33 @@ class ModelRunner:
         inputs = self.batch.prepare(so)
         with torch.inference_mode():
             hidden = self.forward(inputs)
-            sampled, logprobs = self.sample(hidden, inputs, so.grammar)
+            sampled, lp_tensors, metadata = self.sample(hidden, inputs, so.grammar)
             prompt_logprobs = self.prompt_logprobs(hidden, inputs) if inputs.prompt_logprobs else []
+        if inputs.sample_offsets is not None:
+            verified = self.batch.accept(inputs, sampled)
+            self.sampling.append_runs(inputs.sample_rows[verified.keep], verified.tokens,
+                                      verified.offsets[verified.keep])
+            logprobs = [] if lp_tensors is None else self._pack_sample_logprobs(lp_tensors, metadata, inputs,
+                                                                                verified.keep)
+            return ModelRunnerOutput(
+                step=so.step, reqs=verified.reqs.astype(HANDLE).tobytes(),
+                sampled_token_ids=verified.tokens.astype(TOKEN).tobytes(), logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs, num_sampled=verified.counts.astype(TOKEN).tobytes(),
+            )
         self.batch.append_sampled(inputs.sample_rows, sampled)
         self.sampling.append_tokens(inputs.sample_rows, sampled)
         return ModelRunnerOutput(
             step=so.step,
             reqs=inputs.sample_reqs.astype(HANDLE).tobytes(),
             sampled_token_ids=sampled.astype(TOKEN).tobytes(),
-            logprobs=logprobs,
+            logprobs=[] if lp_tensors is None else self._pack_sample_logprobs(lp_tensors, metadata, inputs),
             prompt_logprobs=prompt_logprobs,
         )
 
     def apply_diff(self, so: SchedulerOutput) -> None:
         batch = self.batch
+        for req, num_kept in so.truncated_block_tables:
+            batch.truncate_blocks(req, num_kept)
         for req in unpack(so.finished_reqs, HANDLE).tolist():
             row = batch.remove(req)
             if row is not None:
@@ -288,13 +306,17 @@ class ModelRunner:
         )
         return metadata, put(inputs.input_ids), put(inputs.positions)
 
-    def sample(self, hidden: torch.Tensor, inputs: StepInputs,
-               grammar_rows: GrammarRows | None = None) -> tuple[np.ndarray, list[RequestLogprobs]]:
+    def sample(self, hidden: torch.Tensor, inputs: StepInputs, grammar_rows: GrammarRows | None = None):
+        """(sampled token per sampling row, the logprob tensors or None, the sampling metadata)."""
         if not len(inputs.sample_rows):
-            return np.zeros(0, dtype=np.int32), []
+            return np.zeros(0, dtype=np.int32), None, None
         index = to_device(inputs.logits_indices, hidden.device)       # no sync behind the replayed graph
         logits = self.model.compute_logits(hidden.index_select(0, index))
-        metadata = self.sampling.metadata(inputs.sample_rows)
+        if inputs.sample_offsets is None:
+            metadata = self.sampling.metadata(inputs.sample_rows)
+        else:
+            metadata = self.sampling.metadata(inputs.sample_rows, inputs.sample_offsets, inputs.input_ids,
+                                              inputs.logits_indices)
         grammar = None
         if grammar_rows is not None:
             # Outside the CUDA graph (it covers the forward only), before the sampler: logprobs see it.
@@ -302,24 +324,25 @@ class ModelRunner:
             bitmask, rows = grammar_sample_rows(grammar_rows, inputs.sample_positions, self.words_per_row)
             grammar = GrammarMask.apply(logits, bitmask, rows, keep=metadata.modifies_logits)
         out = self.sampler(logits, metadata, grammar)
-        sampled = out.sampled_token_ids.cpu().numpy().astype(np.int32)
-        if out.logprobs is None:
-            return sampled, []
-        return sampled, self._pack_sample_logprobs(out.logprobs, metadata, inputs)
+        return out.sampled_token_ids.cpu().numpy().astype(np.int32), out.logprobs, metadata
 
-    def _pack_sample_logprobs(self, tensors, metadata, inputs: StepInputs) -> list[RequestLogprobs]:
+    def _pack_sample_logprobs(self, tensors, metadata, inputs: StepInputs,
+                              keep: np.ndarray | None = None) -> list[RequestLogprobs]:
         """Row j of the tensors belongs to sampled position metadata.logprob_rows[j] and uses its first
-        1 + metadata.num_logprobs[j] columns."""
+        1 + metadata.num_logprobs[j] columns. A request's kept rows (all, without drafts) make one entry."""
         token_ids = tensors.token_ids.cpu().numpy()
         values = tensors.logprobs.cpu().numpy()
         ranks = tensors.ranks.cpu().numpy()
+        positions = metadata.logprob_rows
+        kept = np.arange(len(positions)) if keep is None else np.flatnonzero(keep[positions])
         result = []
-        for j, position in enumerate(metadata.logprob_rows.tolist()):
-            columns = int(metadata.num_logprobs[j]) + 1
+        for run in np.split(kept, np.flatnonzero(np.diff(inputs.sample_reqs[positions[kept]])) + 1):
+            if not len(run):
+                continue
+            columns = int(metadata.num_logprobs[run[0]]) + 1
             result.append(RequestLogprobs(
-                req=int(inputs.sample_reqs[position]),
-                logprobs=_logprobs_message(token_ids[j : j + 1, :columns], values[j : j + 1, :columns],
-                                           ranks[j : j + 1]),
+                req=int(inputs.sample_reqs[positions[run[0]]]),
+                logprobs=_logprobs_message(token_ids[run, :columns], values[run, :columns], ranks[run]),
             ))
         return result
 

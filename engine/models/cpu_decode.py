@@ -8,8 +8,15 @@ path runs RMSNorm, the QKV product, q/k norms, RoPE, the cache write, decode att
 projection, the residual adds and the SwiGLU MLP of every layer in C, in float32 over the 16-bit weights
 and cache: the arithmetic of the eager CPU path (engine/layers/cpu_matmul.py), ordered the same way, so it
 agrees with it to float32 rounding (tests/engine/models/test_cpu_decode.py; the equivalence tests against
-transformers run through it). Prefill and mixed steps keep the eager path: they are bound by arithmetic,
+transformers run through it). Long prefill chunks keep the eager path: they are bound by arithmetic,
 where the per-op overhead is small next to the GEMMs.
+
+Several query tokens per request (speculative decoding's verify steps, short prompts: up to MAX_QUERY_TOKENS
+a request, and max_rows() in all) take this path too, as one row per token: each row attends causally to
+its request's cache up to itself (its own length and a copy of its request's block-table row), the way
+kernels/cpu/ops.paged_attention16 runs prefill chunks. decode_forward16 writes every row's keys and values
+before any row attends, so a draft sees the drafts before it. The C call is unchanged; only its inputs are
+expanded here.
 
 Used when: kernels/cpu/ops runs here, the model is 16-bit with float32 activations (the upcast CPU path),
 one rank, no output/MLP biases, and the decode attention kernel takes the cache layout. Matmul weights kept
@@ -36,6 +43,8 @@ logger = logging.getLogger(__name__)
 # SmolLM2 decode steps on Zen 4 of 64 / 128 / 256 requests took ~82 / 161 / 331 ms here against ~89 / 172 /
 # 349 ms eager.
 MAX_ROWS = 64
+# Steps with up to this many tokens per request run here (a verify step has 1 + num_speculative_tokens).
+MAX_QUERY_TOKENS = 33
 
 
 def max_rows() -> int:
@@ -62,6 +71,16 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
+def per_token_rows(metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seq_lens, block_tables) with one row per query token: token i of a request that has q query tokens
+    and seq_len cached ones (its own included) sees seq_len - q + i + 1 of them."""
+    starts = metadata.query_start_loc.to(torch.int64)
+    counts = starts[1:] - starts[:-1]
+    request = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    seen = metadata.seq_lens.to(torch.int64)[request] - counts[request] + torch.arange(len(request)) - starts[request]
+    return (seen + 1).to(torch.int32), metadata.block_tables.index_select(0, request)
+
+
 class CpuDecode:
     """Runs a LlamaForCausalLM's pure-decode steps through cpu_ops.DecodeStack; built per KV cache."""
 
@@ -71,8 +90,8 @@ class CpuDecode:
         self.disabled: str | None = None        # why the stack could not be built (the eager path runs)
 
     def can_run(self, metadata: AttentionMetadata, input_ids: torch.Tensor, kv_caches: list[torch.Tensor]) -> bool:
-        if (self.disabled is not None or not metadata.is_pure_decode or input_ids.is_cuda
-                or not 0 < len(input_ids) <= max_rows() or len(metadata.seq_lens) != len(input_ids)):
+        if (self.disabled is not None or metadata.max_query_len > MAX_QUERY_TOKENS or input_ids.is_cuda
+                or not 0 < len(input_ids) <= max_rows() or len(input_ids) != metadata.num_actual_tokens):
             return False
         stack = self._stack
         if stack is None or any(a is not b for a, b in zip(stack.kv_caches, kv_caches, strict=True)):
@@ -88,7 +107,10 @@ class CpuDecode:
                  metadata: AttentionMetadata) -> torch.Tensor:
         """Only after can_run() said yes for these inputs and caches."""
         hidden = self.model.model.embed_tokens(input_ids).to(torch.float32)
-        return self._stack(hidden, positions, metadata.slot_mapping, metadata.seq_lens, metadata.block_tables)
+        seq_lens, block_tables = metadata.seq_lens, metadata.block_tables
+        if not metadata.is_pure_decode:
+            seq_lens, block_tables = per_token_rows(metadata)
+        return self._stack(hidden, positions, metadata.slot_mapping, seq_lens, block_tables)
 
     def _build(self, kv_caches: list[torch.Tensor]) -> cpu_ops.DecodeStack:
         inner, args = self.model.model, self.model.args

@@ -6,6 +6,12 @@ change and cached; a step with the same rows rebuilds only what depends on the t
 penalty counts, the min_tokens mask and the output positions that seeded randomness is keyed on.
 
 Seeded rows keep their seeds here; how they draw is described in engine/sampling_metadata.py.
+
+Speculative decoding verifies a request's drafts by sampling at each draft position as if the drafts before
+it had been accepted: metadata(rows, offsets, ...) takes a request's row once per position, `offsets` saying
+how many drafts precede each, and everything that depends on the history follows: the output position that
+seeded randomness and min_tokens read is num_output_tokens + offset, and the penalties count the preceding
+drafts as output tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import numpy as np
 import torch
 
 from engine.sample.metadata import PenaltyTensors, RowRandomness, SamplingGroup, SamplingMetadata
+from engine.sample.speculative import runs
 from engine.sample.token_occurrences import TokenOccurrences
 from engine.sample.transfer import to_device
 from engine.sampling_params import SAMPLING_EPS, SamplingParams
@@ -30,6 +37,8 @@ class _BatchLayout:
     base: SamplingMetadata
     top_k_slots: np.ndarray
     full_slots: np.ndarray
+    top_k_positions: np.ndarray        # their positions in the step's rows
+    full_positions: np.ndarray
     min_tokens_positions: np.ndarray   # one entry per (row, stop id) pair
     min_tokens_tokens: np.ndarray
     min_tokens_slots: np.ndarray
@@ -145,43 +154,64 @@ class SamplingBatch:
         if penalized.any():
             self.occurrences.append(rows[penalized], token_ids[penalized])
 
+    def append_runs(self, rows: np.ndarray, token_ids: np.ndarray, offsets: np.ndarray) -> None:
+        """Record several generated tokens per row: token_ids[i] is row rows[i]'s offsets[i]-th new token
+        (a request's entries consecutive, offsets 0, 1, ...), after a step that verified drafts."""
+        for offset in range(int(offsets.max()) + 1 if len(offsets) else 0):
+            at = offsets == offset
+            self.append_tokens(rows[at], token_ids[at])
+
     @property
     def num_reqs(self) -> int:
         return int(self._rows["active"].sum())
 
     # ------------------------------------------------------------------ per step
-    def metadata(self, rows: np.ndarray) -> SamplingMetadata:
-        """The metadata for sampling `rows` this step, in that order; cheap when the batch is unchanged."""
+    def metadata(self, rows: np.ndarray, offsets: np.ndarray | None = None, step_tokens: np.ndarray | None = None,
+                 token_index: np.ndarray | None = None) -> SamplingMetadata:
+        """The metadata for sampling `rows` this step, in that order; cheap when the batch is unchanged.
+
+        Speculative decoding: `offsets[i]` drafts precede position i (a row repeats once per position of
+        its request), and the drafts before position i are step_tokens[token_index[i] - offsets[i] + 1 :
+        token_index[i] + 1] (the step's input ids and the positions whose logits are sampled)."""
         rows = np.asarray(rows, dtype=np.int64)
         key = self._layout_key
         if key is None or key[0] != self._version or not np.array_equal(key[1], rows):
-            self._layout = self._build_layout(rows)
+            self._layout = self._build_layout(rows, repeats=offsets is not None)
             self._layout_key = (self._version, rows.copy())
         layout = self._layout
         num_output = self._rows["num_output_tokens"]
         md = layout.base
         changes = {}
+
+        def output_positions(slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
+            return num_output[slots] if offsets is None else num_output[slots] + offsets[positions]
+
         if md.top_k_group is not None:
-            changes["top_k_group"] = _with_positions(md.top_k_group, num_output[layout.top_k_slots])
+            changes["top_k_group"] = _with_positions(md.top_k_group, output_positions(layout.top_k_slots,
+                                                                                       layout.top_k_positions))
         if md.full_group is not None:
-            changes["full_group"] = _with_positions(md.full_group, num_output[layout.full_slots])
+            changes["full_group"] = _with_positions(md.full_group, output_positions(layout.full_slots,
+                                                                                     layout.full_positions))
         if len(layout.min_tokens_slots):
             slots = layout.min_tokens_slots
-            masked = num_output[slots] < self._rows["min_tokens"][slots]
+            masked = output_positions(slots, layout.min_tokens_positions) < self._rows["min_tokens"][slots]
             if masked.any():
                 index = layout.min_tokens_positions[masked] * self.vocab_size + layout.min_tokens_tokens[masked]
                 changes["min_tokens_index"] = self._tensor(index)
         if len(layout.penalty_slots):
-            changes["penalties"] = self._penalties(layout)
+            drafts = None
+            if offsets is not None and offsets[layout.penalty_positions].any():
+                drafts = _preceding_drafts(layout.penalty_positions, offsets, step_tokens, token_index)
+            changes["penalties"] = self._penalties(layout, drafts)
         return dataclasses.replace(md, **changes) if changes else md
 
     # ------------------------------------------------------------------ internals
-    def _build_layout(self, slots: np.ndarray) -> _BatchLayout:
+    def _build_layout(self, slots: np.ndarray, repeats: bool = False) -> _BatchLayout:
         if slots.ndim != 1 or (len(slots) and (slots.min() < 0 or slots.max() >= self.max_num_reqs)):
             raise ValueError(f"rows must be a 1-D array of row numbers in [0, {self.max_num_reqs})")
         if not self._rows["active"][slots].all():
             raise ValueError(f"rows {slots[~self._rows['active'][slots]].tolist()} hold no request")
-        if len(np.unique(slots)) != len(slots):
+        if not repeats and len(np.unique(slots)) != len(slots):
             raise ValueError("rows must be distinct")
         rows, vocab = self._rows, self.vocab_size
         num_rows = len(slots)
@@ -227,6 +257,8 @@ class SamplingBatch:
             base=base,
             top_k_slots=slots[top_k_pos],
             full_slots=slots[full_pos],
+            top_k_positions=top_k_pos,
+            full_positions=full_pos,
             min_tokens_positions=stop_positions,
             min_tokens_tokens=np.concatenate(stop_ids) if stop_ids else np.zeros(0, np.int64),
             min_tokens_slots=slots[stop_positions],
@@ -252,9 +284,18 @@ class SamplingBatch:
                                  positions=np.zeros(len(positions), np.int64), generator=self.generator),
         )
 
-    def _penalties(self, layout: _BatchLayout) -> PenaltyTensors:
+    def _penalties(self, layout: _BatchLayout, drafts: tuple[np.ndarray, np.ndarray] | None = None) -> PenaltyTensors:
+        """drafts: (index into the penalized positions, token) of draft tokens that count as output too."""
         slots = layout.penalty_slots
         owner, tokens, counts = self.occurrences.gather(slots)
+        if drafts is not None:
+            # one pair per (position, token): the drafts add to the counts of pairs seen before or make new ones
+            vocab = self.vocab_size
+            keys, inverse = np.unique(np.concatenate([owner * vocab + tokens, drafts[0] * vocab + drafts[1]]),
+                                      return_inverse=True)
+            counts = np.bincount(inverse, np.concatenate([counts, np.ones(len(drafts[0]))]),
+                                 minlength=len(keys)).astype(np.int64)
+            owner, tokens = keys // vocab, keys % vocab
         pair_slots = slots[owner]
 
         def per_pair(name: str, neutral: float) -> torch.Tensor | None:
@@ -299,3 +340,12 @@ def _with_positions(group: SamplingGroup, positions: np.ndarray) -> SamplingGrou
 def _flat_index(positions: np.ndarray, token_ids: list[np.ndarray], vocab_size: int) -> np.ndarray:
     counts = np.array([len(t) for t in token_ids], dtype=np.int64)
     return np.repeat(positions, counts) * vocab_size + np.concatenate(token_ids)
+
+
+def _preceding_drafts(penalty_positions: np.ndarray, offsets: np.ndarray, step_tokens: np.ndarray,
+                      token_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index into penalty_positions, token) for each draft that precedes a penalized position."""
+    before = offsets[penalty_positions]
+    owner, step = runs(before)
+    at = token_index[penalty_positions][owner] - before[owner] + 1 + step
+    return owner, step_tokens[at].astype(np.int64)

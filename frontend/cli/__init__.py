@@ -30,6 +30,8 @@ BENCH_COMMANDS: dict[str, str] = {
     "ollama": "tools.bench_ollama:cli",
     "engine-overhead": "tools.bench_engine_overhead:cli",
     "embed": "tools.bench_embed:cli",
+    "spec": "tools.bench_spec:cli",
+    "spec-cost": "tools.bench_spec_cost:cli",
 }
 
 

@@ -28,6 +28,7 @@ from engine.config import (
     PoolerConfig,
     find_smollm2,
     parse_size,
+    parse_speculative_config,
 )
 
 MODEL_HELP = ("A Hugging Face model directory (or a .zip of one), a hub repo id (e.g. Qwen/Qwen3-0.6B), a .gguf file, "
@@ -86,6 +87,18 @@ class JsonObjectParam(click.ParamType):
         if not isinstance(parsed, dict):
             self.fail(f"must be a JSON object, e.g. '{{\"temperature\": 0.7}}'; got {value!r}", param, ctx)
         return parsed
+
+
+class SpeculativeConfigParam(click.ParamType):
+    """--speculative-config: vLLM's JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4}'."""
+
+    name = "json"
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_speculative_config(value)
+        except ConfigError as e:
+            self.fail(str(e), param, ctx)
 
 
 JSON_OBJECT = JsonObjectParam()
@@ -153,6 +166,11 @@ ENGINE_OPTIONS = [
     click.option("--grammar-compile-timeout", type=click.FloatRange(min=0.0, min_open=True), default=10.0,
                  help="Seconds a structured-output grammar may take to compile before its request ends "
                       "with an error (the server keeps serving the others)."),
+    # speculative decoding (engine.config.SpeculativeConfig)
+    click.option("--speculative-config", type=SpeculativeConfigParam(), default=None,
+                 help='Speculative decoding without a draft model, as vLLM\'s JSON: \'{"method": "ngram", '
+                      '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or '
+                      '\'{"method": "suffix"}\'.'),
 ]
 
 
@@ -215,5 +233,6 @@ def engine_config(model: str, options: dict, **extra) -> EngineConfig:
         grammar_compile_timeout_s=options["grammar_compile_timeout"],
         generation_config=options["generation_config"],
         override_generation_config=options["override_generation_config"] or {},
-        runner=options["runner"], pooler_config=options["pooler_config"], **extra,
+        runner=options["runner"], pooler_config=options["pooler_config"],
+        speculative_config=options["speculative_config"], **extra,
     )

@@ -88,14 +88,14 @@ static void softmax_rows(float *scores, int64_t Hq, int64_t S, float *maxs, floa
 #define VALUE_CHUNK 128      /* keys whose value rows (every KV head) stay in L2 while each head passes */
 
 /* The next group of keys [i0, i0 + n) of a request: their cache rows into rows, and the rows of the keys up
- * to PREFETCH_KEYS further (not yet handed out) into ahead, for the caller to prefetch a few at a time
+ * to PREFETCH_KEYS further (not yet handed out, below `end`) into ahead, for the caller to prefetch a few at a time
  * between its query heads' dot products (all at once they stall on the core's outstanding misses).
  * Returns how many rows went into ahead. */
 static inline int64_t key_group(SlotWalk *walk, SlotWalk *prefetch, int64_t *prefetched, int64_t i0, int64_t n,
-                                int64_t S, const uint16_t *key_cache, int64_t row_stride, const uint16_t **rows,
+                                int64_t end, const uint16_t *key_cache, int64_t row_stride, const uint16_t **rows,
                                 const uint16_t **ahead) {
     int64_t ahead_n = 0;
-    for (; *prefetched < i0 + n + PREFETCH_KEYS && *prefetched < S; (*prefetched)++)
+    for (; *prefetched < i0 + n + PREFETCH_KEYS && *prefetched < end; (*prefetched)++)
         ahead[ahead_n++] = key_cache + next_slot(prefetch) * row_stride;
     for (int64_t j = 0; j < n; j++) rows[j] = key_cache + next_slot(walk) * row_stride;
     return ahead_n;
@@ -215,9 +215,9 @@ static inline void prefetch_share(const uint16_t *const *ahead, int64_t ahead_n,
 }
 
 BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
-                                          const int32_t *table, int64_t first, int64_t S, int64_t Hq, int64_t Hk,
-                                          int64_t D, int64_t block_size, float scale, float *scores, float *out,
-                                          float *maxs, float *sums) {
+                                          const int32_t *table, int64_t first, int64_t S, int64_t ahead_to,
+                                          int64_t Hq, int64_t Hk, int64_t D, int64_t block_size, float scale,
+                                          float *scores, float *out, float *maxs, float *sums) {
     const int64_t row_stride = Hk * D, group = Hq / Hk, chunks = D / 32;
     uint16_t qb[Hq * D];                   /* at most MAX_HEAD_DIM x the heads: a few KB */
     rows_to_bf16(q, qb, Hq, D, D);
@@ -227,8 +227,8 @@ BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_ca
     for (int64_t i0 = 0; i0 < S; i0 += KEYS16) {
         const int64_t n = S - i0 < KEYS16 ? S - i0 : KEYS16;
         const uint16_t *rows[KEYS16], *ahead[KEYS16 + PREFETCH_KEYS];
-        const int64_t ahead_n = key_group(&walk, &prefetch, &prefetched, i0, n, S, key_cache, row_stride, rows,
-                                          ahead);
+        const int64_t ahead_n = key_group(&walk, &prefetch, &prefetched, i0, n, ahead_to, key_cache, row_stride,
+                                          rows, ahead);
         int64_t issued = 0, head_done = 0;
         const __mmask16 valid = tail16(n);
         for (int64_t h = 0; h < Hk; h++)
@@ -254,14 +254,15 @@ BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_ca
 /* One request's query heads q [Hq, D] (float32) against its keys [first, first + S), every KV head in one
  * task so that each cache row (all KV heads of a token, contiguous) is read from memory once. Writes each
  * query head's unnormalised output (sum of exp(s - max) v) to out [Hq, D] and its max and sum of
- * exp(s - max) to maxs, sums [Hq]. scores is scratch of Hq * S floats. */
+ * exp(s - max) to maxs, sums [Hq]. scores is scratch of Hq * S floats. The prefetch runs up to key
+ * first + ahead_to (>= S): into the next range, when the same task attends it next. */
 static void attend_range(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
-                         const int32_t *table, int64_t first, int64_t S, int64_t Hq, int64_t Hk, int64_t D,
-                         int64_t block_size, float scale, int is_bf16, float *scores, float *out, float *maxs,
-                         float *sums) {
+                         const int32_t *table, int64_t first, int64_t S, int64_t ahead_to, int64_t Hq, int64_t Hk,
+                         int64_t D, int64_t block_size, float scale, int is_bf16, float *scores, float *out,
+                         float *maxs, float *sums) {
     if (is_bf16 && use_bf16_dot && D % 32 == 0) {
-        attend_range_bf16(q, key_cache, value_cache, table, first, S, Hq, Hk, D, block_size, scale, scores, out,
-                          maxs, sums);
+        attend_range_bf16(q, key_cache, value_cache, table, first, S, ahead_to, Hq, Hk, D, block_size, scale,
+                          scores, out, maxs, sums);
         return;
     }
     const int64_t row_stride = Hk * D, group = Hq / Hk;
@@ -278,7 +279,8 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
     for (int64_t i0 = 0; i0 < S; i0 += KEYS) {
         const int64_t n = S - i0 < KEYS ? S - i0 : KEYS;
         const uint16_t *rows[KEYS], *ahead[KEYS + PREFETCH_KEYS];
-        const int64_t ahead_n = key_group(&walk, &prefetch, &prefetched, i0, n, S, key_cache, row_stride, rows, ahead);
+        const int64_t ahead_n = key_group(&walk, &prefetch, &prefetched, i0, n, ahead_to, key_cache, row_stride, rows,
+                                          ahead);
         int64_t issued = 0, head_done = 0;
         for (int64_t h = 0; h < Hk; h++) {
             for (int64_t j = 0; j < KEYS; j++) {
@@ -309,57 +311,83 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
 
 /* q [R, Hq, D] float32; caches [num_blocks, block_size, Hk, D] 16-bit; block_tables [R, max_blocks] int32;
  * out [R, Hq, D] float32. Needs Hq % Hk == 0, Hq / Hk <= MAX_GROUP, D % 8 == 0, D <= MAX_HEAD_DIM.
- * One task per request; with fewer requests than a few per thread (small batches), each request's keys are
- * split into ranges of at least MIN_SPLIT_KEYS, attended separately and merged (flash-decoding's split-K),
- * so every thread has work. */
+ * A request's keys may be split into ranges, attended separately and merged (flash-decoding's split-K):
+ * - by_length (decode steps): ranges of about SPLIT_KEYS, by the request's own length alone, so that a row
+ *   gets the same bits whichever rows share its step (speculative decoding's verify rows equal the decode
+ *   steps they stand for; a request's output does not depend on what else runs). With fewer rows than
+ *   four a thread each range is a task, so every thread has work; with more, a task attends all of a
+ *   row's ranges in turn, its prefetch running on from one into the next, so the ranges cost no more
+ *   than a merge of Hq x D floats each.
+ * - otherwise (prefill chunks as decode rows: thousands of rows): ranges only while there are fewer rows
+ *   than four a thread, as many as give each thread four tasks. */
+#define SPLIT_KEYS 64
 #define MIN_SPLIT_KEYS 32
 #define MAX_SPLITS 64
 void paged_decode_attention16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
                               const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks,
                               float *out, int64_t R, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
-                              float scale, int is_bf16, int num_threads) {
-    int64_t longest = 1;
-    for (int64_t r = 0; r < R; r++) longest = seq_lens[r] > longest ? seq_lens[r] : longest;
-    int64_t splits = 1;
-    if (R < 4 * (int64_t)num_threads) {
-        splits = (4 * num_threads + R - 1) / R;
+                              float scale, int is_bf16, int by_length, int num_threads) {
+    const int few_rows = R < 4 * (int64_t)num_threads;
+    int64_t batch_splits = 1;
+    if (!by_length && few_rows) {
+        int64_t longest = 1;
+        for (int64_t r = 0; r < R; r++) longest = seq_lens[r] > longest ? seq_lens[r] : longest;
         const int64_t most = (longest + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
-        splits = splits < most ? splits : most;
-        splits = splits < MAX_SPLITS ? splits : MAX_SPLITS;
+        batch_splits = (4 * num_threads + R - 1) / R;
+        batch_splits = batch_splits < most ? batch_splits : most;
     }
-    const int64_t span = (longest + splits - 1) / splits;       /* keys per range at most */
-    const int64_t jobs = R * splits;
-    /* Unsplit, each job's unnormalised output goes straight to out and is normalised there. */
-    float *part = splits == 1 ? out : malloc(sizeof(float) * (size_t)(jobs * Hq) * (size_t)D);
-    float *part_max = malloc(sizeof(float) * (size_t)(jobs * Hq) * 2), *part_sum = part_max + jobs * Hq;
+    /* range k of request r is first_range[r] + k; span: the most keys a range holds */
+    int64_t *first_range = malloc(sizeof(int64_t) * (size_t)(R + 1)), span = 1;
+    first_range[0] = 0;
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t S = seq_lens[r] > 0 ? seq_lens[r] : 0;
+        int64_t splits = by_length ? (S + SPLIT_KEYS - 1) / SPLIT_KEYS : batch_splits;
+        splits = splits < 1 ? 1 : splits < MAX_SPLITS ? splits : MAX_SPLITS;
+        const int64_t per = (S + splits - 1) / splits;
+        first_range[r + 1] = first_range[r] + splits;
+        span = per > span ? per : span;
+    }
+    const int64_t ranges = first_range[R], tasks = few_rows ? ranges : R;
+    int64_t *range_row = malloc(sizeof(int64_t) * (size_t)ranges);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t k = first_range[r]; k < first_range[r + 1]; k++) range_row[k] = r;
+    /* Unsplit, each range's unnormalised output goes straight to out and is normalised there. */
+    float *part = ranges == R ? out : malloc(sizeof(float) * (size_t)(ranges * Hq) * (size_t)D);
+    float *part_max = malloc(sizeof(float) * (size_t)(ranges * Hq) * 2), *part_sum = part_max + ranges * Hq;
 #pragma omp parallel num_threads(num_threads)
     {
         float *scores = malloc(sizeof(float) * (size_t)span * (size_t)Hq);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t job = 0; job < jobs; job++) {
-            const int64_t r = job / splits, split = job % splits;
-            const int64_t S = seq_lens[r], per = (S + splits - 1) / splits;
-            const int64_t lo = split * per < S ? split * per : S, hi = lo + per < S ? lo + per : S;
-            float *acc = part + job * Hq * D, *mx = part_max + job * Hq, *sm = part_sum + job * Hq;
-            if (hi > lo) {
-                attend_range(q + r * Hq * D, key_cache, value_cache, block_tables + r * max_blocks, lo, hi - lo,
-                             Hq, Hk, D, block_size, scale, is_bf16, scores, acc, mx, sm);
-            } else {
-                for (int64_t g = 0; g < Hq; g++) mx[g] = -INFINITY, sm[g] = 0.0f;
+        for (int64_t task = 0; task < tasks; task++) {
+            const int64_t r = few_rows ? range_row[task] : task;
+            const int64_t k0 = few_rows ? task : first_range[r], k1 = few_rows ? task + 1 : first_range[r + 1];
+            const int64_t S = seq_lens[r] > 0 ? seq_lens[r] : 0, splits = first_range[r + 1] - first_range[r];
+            const int64_t per = (S + splits - 1) / splits, last = (k1 - first_range[r]) * per;
+            for (int64_t k = k0; k < k1; k++) {
+                const int64_t split = k - first_range[r];
+                const int64_t lo = split * per < S ? split * per : S, hi = lo + per < S ? lo + per : S;
+                float *acc = part + k * Hq * D, *mx = part_max + k * Hq, *sm = part_sum + k * Hq;
+                if (hi > lo) {
+                    const int64_t ahead_to = (last < S ? last : S) - lo;     /* this task's keys from lo on */
+                    attend_range(q + r * Hq * D, key_cache, value_cache, block_tables + r * max_blocks, lo, hi - lo,
+                                 ahead_to, Hq, Hk, D, block_size, scale, is_bf16, scores, acc, mx, sm);
+                } else {
+                    for (int64_t g = 0; g < Hq; g++) mx[g] = -INFINITY, sm[g] = 0.0f;
+                }
             }
         }
         free(scores);
         /* merge each query head's ranges: rescale each by exp(its max - the overall max) */
 #pragma omp for schedule(static)
         for (int64_t head = 0; head < R * Hq; head++) {
-            const int64_t r = head / Hq, g = head % Hq;
+            const int64_t r = head / Hq, g = head % Hq, first = first_range[r], splits = first_range[r + 1] - first;
             float top = -INFINITY, total = 0.0f, weights[MAX_SPLITS];
             for (int64_t s = 0; s < splits; s++) {
-                const float m = part_max[(r * splits + s) * Hq + g];
+                const float m = part_max[(first + s) * Hq + g];
                 top = m > top ? m : top;
             }
             for (int64_t s = 0; s < splits; s++) {
-                const int64_t at = (r * splits + s) * Hq + g;
+                const int64_t at = (first + s) * Hq + g;
                 weights[s] = part_sum[at] > 0.0f ? expf(part_max[at] - top) : 0.0f;
                 total += weights[s] * part_sum[at];
             }
@@ -368,11 +396,11 @@ void paged_decode_attention16(const float *q, const uint16_t *key_cache, const u
             for (int64_t d = 0; d < D; d++) {
                 float v = 0.0f;
                 for (int64_t s = 0; s < splits; s++)
-                    if (weights[s] > 0.0f) v += weights[s] * part[((r * splits + s) * Hq + g) * D + d];
+                    if (weights[s] > 0.0f) v += weights[s] * part[((first + s) * Hq + g) * D + d];
                 o[d] = v * inv;
             }
         }
     }
     if (part != out) free(part);
-    free(part_max);
+    free(part_max), free(first_range), free(range_row);
 }

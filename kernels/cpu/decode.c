@@ -64,7 +64,7 @@ void decode_forward16(const DecodeModel *m, float *x, const int64_t *positions, 
             }
         }
         paged_decode_attention16(q, L->key_cache, L->value_cache, lens, block_tables, max_blocks, attn, T, Hq, Hk, D,
-                                 bs, m->scale, is_bf16, num_threads);
+                                 bs, m->scale, is_bf16, 1, num_threads);     /* batch-invariant key splits */
         matmul_weight(&L->o_proj, attn, x, T, Hq * D, 0, num_threads);
         add_rows(residual, x, T * H);
         rms_norm_rows(residual, L->post_norm, normed, T, H, m->eps, is_bf16);

@@ -141,7 +141,7 @@ void gemm16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, i
 void paged_decode_attention16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
                               const int32_t *seq_lens, const int32_t *block_tables, int64_t max_blocks,
                               float *out, int64_t R, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
-                              float scale, int is_bf16, int num_threads);
+                              float scale, int is_bf16, int by_length, int num_threads);
 
 void gemm_q(const float *x, int64_t ldx, const void *w, int type, float *y, int64_t ldy, int64_t M, int64_t N,
             int64_t K, int num_threads);

@@ -79,7 +79,7 @@ def _library() -> ctypes.CDLL | None:
     lib.gemm16.argtypes = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int, ctypes.c_int]
     lib.paged_decode_attention16.restype = None
     lib.paged_decode_attention16.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
-                                             ctypes.c_float, ctypes.c_int, ctypes.c_int]
+                                             ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.decode_forward16.restype = None
     lib.decode_forward16.argtypes = [ctypes.POINTER(_Model), ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_int]
     lib.rms_norm_f32.restype = None
@@ -247,9 +247,12 @@ def supports_attention(key_cache: torch.Tensor, num_heads: int) -> bool:
 
 
 def paged_decode_attention16(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                             seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+                             seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                             batch_invariant: bool = True) -> torch.Tensor:
     """Same contract as kernels.paged_decode_attention_torch (query [R, Hq, D] -> [R, Hq, D] in query's
-    dtype) for a contiguous 16-bit cache that supports_attention() accepts; only call when available()."""
+    dtype) for a contiguous 16-bit cache that supports_attention() accepts; only call when available().
+    batch_invariant: a row's key ranges follow its own length, so it gets the same bits in any batch;
+    False splits only small batches (for thousands of prefill rows)."""
     lib = _library()
     num_reqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -260,7 +263,7 @@ def paged_decode_attention16(query: torch.Tensor, key_cache: torch.Tensor, value
     lib.paged_decode_attention16(
         q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), seq_lens.data_ptr(), block_tables.data_ptr(),
         block_tables.shape[1], out.data_ptr(), num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale,
-        int(key_cache.dtype == torch.bfloat16), torch.get_num_threads(),
+        int(key_cache.dtype == torch.bfloat16), int(batch_invariant), torch.get_num_threads(),
     )
     return out.to(query.dtype)
 
@@ -283,7 +286,7 @@ def paged_attention16(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
                      - starts[request] + 1).to(torch.int32)
     tables = torch.zeros(query.shape[0], block_tables.shape[1], dtype=torch.int32)
     tables[:actual] = block_tables.index_select(0, request)
-    return paged_decode_attention16(query, key_cache, value_cache, lens, tables, scale)
+    return paged_decode_attention16(query, key_cache, value_cache, lens, tables, scale, batch_invariant=False)
 
 
 def _float32(x: torch.Tensor) -> torch.Tensor:

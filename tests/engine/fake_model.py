@@ -7,6 +7,12 @@ every earlier position and demands the fingerprints of this request's own tokens
 hit, a block handed to two requests, a block reused before its owner finished, or a stale block table all
 fail loudly. The sampled token is a function of the last fingerprint, i.e. of all the request's tokens so
 far, so a request resumed with the wrong tokens generates a different continuation.
+
+Speculative decoding: a step's draft tokens are computed like known tokens (their fingerprints written,
+everything before them checked), the runner samples at each draft position and keeps the accepted run, as
+the real executor does; the rejected positions' slots keep stale fingerprints, which a later step must
+overwrite before anything attends over them. `next_token="last"` makes the sampled token a function of the
+last token alone, so that sequences cycle and prompt lookup's drafts get accepted.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import itertools
 
 import numpy as np
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, parse_speculative_config
 from engine.core.scheduler import Scheduler
 from engine.messages import (
     HANDLE,
@@ -60,9 +66,10 @@ class _ExecutorRequest:
 
 class FakeModelRunner:
     def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 64, roundtrip: bool = True,
-                 script: dict[int, list[int]] | None = None) -> None:
+                 script: dict[int, list[int]] | None = None, next_token: str = "hash") -> None:
         self.block_size = block_size
         self.vocab_size = vocab_size
+        self.next_token = next_token
         # Tokens to sample, in order, for some requests (stop-check tests); others follow the hash.
         self.script = {req: list(tokens) for req, tokens in (script or {}).items()}
         self.kv = np.full(num_blocks * block_size, -1, dtype=np.int64)
@@ -74,6 +81,9 @@ class FakeModelRunner:
         so = scheduler_output
         if self._codec is not None:
             so = self._codec.decode(self._codec.encode(so))
+        for handle, num_kept in so.truncated_block_tables:
+            assert num_kept < len(self.requests[handle].block_ids), f"step {so.step}: {handle} cut to {num_kept}"
+            del self.requests[handle].block_ids[num_kept:]
         for handle in unpack(so.finished_reqs, HANDLE).tolist():
             assert handle in self.requests, f"step {so.step}: dropping unknown request {handle}"
             del self.requests[handle]
@@ -86,10 +96,18 @@ class FakeModelRunner:
         for handle, block_ids in so.new_block_ids:
             self.requests[handle].block_ids.extend(unpack(block_ids, TOKEN).tolist())
 
-        sampled_reqs, sampled_tokens = [], []
+        sampled_reqs, sampled_tokens, num_sampled = [], [], []
         handles = unpack(so.reqs, HANDLE).tolist()
         counts = unpack(so.num_scheduled_tokens, TOKEN).tolist()
         computed = unpack(so.num_computed_tokens, TOKEN).tolist()
+        drafts = {}
+        if so.drafts is not None:
+            draft_tokens = unpack(so.drafts.token_ids, TOKEN).tolist()
+            at = 0
+            for position, count in zip(unpack(so.drafts.positions, TOKEN).tolist(),
+                                       unpack(so.drafts.counts, TOKEN).tolist(), strict=True):
+                drafts[handles[position]] = draft_tokens[at:at + count]
+                at += count
         assert sum(counts) == so.total_num_scheduled_tokens
         for handle, n, start in zip(handles, counts, computed, strict=True):
             state = self.requests[handle]
@@ -97,27 +115,49 @@ class FakeModelRunner:
                 f"step {so.step}: request {handle} computed {state.num_computed_tokens}, "
                 f"the scheduler says {start}")
             end = start + n
-            assert 0 < n and end <= len(state.tokens), (
+            draft = drafts.get(handle, [])
+            known = len(state.tokens)
+            assert 0 < n and end <= known + len(draft), (
                 f"step {so.step}: request {handle} scheduled past its tokens")
+            state.tokens.extend(draft)
+            state.fingerprints = state.fingerprints[:known]
             prints = state.fingerprint_upto(end)
             slots = self.slots(state.block_ids, end)
             self.kv[slots[start:end]] = prints[start:end]
             assert np.array_equal(self.kv[slots], prints), (
                 f"step {so.step}: request {handle} attends over KV that is not its own tokens")
-            state.num_computed_tokens = end
-            if end == len(state.tokens):
-                scripted = self.script.get(handle)
-                token = scripted.pop(0) if scripted else int(prints[-1] >> 7) % self.vocab_size
-                state.tokens.append(token)
-                sampled_reqs.append(handle)
-                sampled_tokens.append(token)
+            if end < known + len(draft):
+                state.num_computed_tokens = end
+                continue
+            run = []
+            for position in range(known - 1, known + len(draft)):   # sample at the last token and each draft
+                token = self._sample(handle, state.tokens[position], prints[position])
+                run.append(token)
+                if position - known + 1 >= len(draft) or token != draft[position - known + 1]:
+                    break
+            del state.tokens[known:]
+            del state.fingerprints[known:]
+            state.tokens.extend(run)
+            state.num_computed_tokens = known - 1 + len(run)
+            sampled_reqs.append(handle)
+            sampled_tokens.extend(run)
+            num_sampled.append(len(run))
         return ModelRunnerOutput(
             step=so.step,
             reqs=pack(sampled_reqs, HANDLE),
             sampled_token_ids=pack(sampled_tokens, TOKEN),
             logprobs=[],
             prompt_logprobs=[],
+            num_sampled=pack(num_sampled, TOKEN) if so.drafts is not None else b"",
         )
+
+    def _sample(self, handle: int, last_token: int, last_print: int) -> int:
+        scripted = self.script.get(handle)
+        if scripted:
+            return scripted.pop(0)
+        if self.next_token == "last":
+            return (last_token * 7 + 13) % self.vocab_size
+        return int(last_print >> 7) % self.vocab_size
 
     def slots(self, block_ids: list[int], num_tokens: int) -> np.ndarray:
         """KV slot of positions 0..num_tokens-1: block_id * block_size + offset."""
@@ -155,8 +195,12 @@ def make_scheduler(num_blocks: int = 64, **config) -> tuple[Scheduler, FakeModel
     settings = dict(block_size=4, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64)
     settings.update(config)
     script = settings.pop("script", None)
+    next_token = settings.pop("next_token", "hash")
     cfg = EngineConfig(**settings)
-    return Scheduler(cfg, num_blocks), FakeModelRunner(num_blocks, cfg.block_size, script=script)
+    if cfg.speculative_config is not None:
+        cfg.speculative_config = parse_speculative_config(cfg.speculative_config)
+    return Scheduler(cfg, num_blocks), FakeModelRunner(num_blocks, cfg.block_size, script=script,
+                                                       next_token=next_token)
 
 
 def add_request(scheduler: Scheduler, req: int, prompt: list[int] | int, *, priority: int = 0,
@@ -193,6 +237,14 @@ def scheduled(so: SchedulerOutput) -> dict[int, int]:
 def new_tokens(out: EngineOutputs) -> dict[int, int]:
     tokens = unpack(out.new_token_ids, TOKEN).tolist()
     return dict(zip(unpack(out.reqs, HANDLE).tolist(), tokens, strict=True))
+
+
+def new_token_runs(out: EngineOutputs) -> dict[int, list[int]]:
+    """handle -> the tokens it produced this step, in order (several under speculative decoding)."""
+    runs: dict[int, list[int]] = {}
+    for handle, token in zip(unpack(out.reqs, HANDLE).tolist(), unpack(out.new_token_ids, TOKEN).tolist()):
+        runs.setdefault(handle, []).append(token)
+    return runs
 
 
 def finished(out: EngineOutputs) -> dict[int, tuple[int, int | None]]:
@@ -260,8 +312,8 @@ def run_engine_loop(scheduler: Scheduler, runner: FakeModelRunner, max_steps: in
         so, out = step(scheduler, runner) if pipeline is None else pipeline.step()
         if out is None:
             continue
-        for handle, token in new_tokens(out).items():
-            result.tokens.setdefault(handle, []).append(token)
+        for handle, tokens in new_token_runs(out).items():
+            result.tokens.setdefault(handle, []).extend(tokens)
         for handle, (reason, stop) in finished(out).items():
             assert handle not in result.finish_reasons, f"request {handle} finished twice"
             result.finish_reasons[handle] = reason

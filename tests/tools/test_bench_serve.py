@@ -324,6 +324,30 @@ def test_the_server_prefix_cache_counters_are_summed_over_engines_under_either_n
     assert asyncio.run(read("none")) is None
 
 
+def test_spec_decode_counters_become_vllms_acceptance_figures():
+    from tools.bench_serve import spec_decode_counters, spec_decode_summary
+
+    def page(scale: float) -> str:
+        return "".join(f'ringserve:spec_decode_{name}_total{{engine="{e}",model_name="m"{pos}}} {v * scale}\n'
+                       for e in ("0", "1") for name, pos, v in (
+                           ("num_drafts", "", 10), ("num_draft_tokens", "", 40), ("num_accepted_tokens", "", 25),
+                           ("num_accepted_tokens_per_pos", ',position="0"', 9),
+                           ("num_accepted_tokens_per_pos", ',position="1"', 7)))
+
+    async def read(text: str):
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await spec_decode_counters(client, "http://server")
+
+    before, after = asyncio.run(read(page(1))), asyncio.run(read(page(3)))
+    summary = spec_decode_summary(before, after)      # the run: 40 drafts, 160 tokens, 100 accepted
+    assert summary["drafts"] == 40 and summary["draft_tokens"] == 160 and summary["accepted_tokens"] == 100
+    assert summary["acceptance_rate"] == 100 / 160 and summary["acceptance_length"] == 1 + 100 / 40
+    assert summary["per_position_acceptance"] == [36 / 40, 28 / 40]
+    assert spec_decode_summary(before, before) is None               # nothing drafted in the run
+    assert asyncio.run(read("process_cpu_seconds_total 1.0\n")) is None
+
+
 def test_structured_share_marks_requests_evenly():
     from tools.bench_serve import structured_mask
 

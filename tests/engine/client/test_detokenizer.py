@@ -115,6 +115,21 @@ def test_min_tokens_defers_stop_strings(tokenizer):
     assert "".join(run(detok, ids)) == "stop here, "
 
 
+def test_a_stop_string_inside_a_run_of_tokens_falls_where_one_token_a_step_puts_it(tokenizer):
+    """Speculative decoding hands over several tokens a step: the text, the tokens taken (up to the one that
+    completes the stop string) and min_tokens' boundary equal those of one token a step."""
+    ids = tokenizer.backend_tokenizer.encode("stop here, and stop there, the end", add_special_tokens=False).ids
+    for params in (SamplingParams(stop=["stop t"]), SamplingParams(stop=["stop"], min_tokens=2)):
+        one = Detokenizer(tokenizer, params)
+        run(one, ids)
+        for size in (3, len(ids)):
+            many = Detokenizer(tokenizer, params)
+            for start in range(0, len(ids), size):
+                many.update(ids[start:start + size])
+            assert (many.text, many.stop_string, many.num_tokens) == (one.text, one.stop_string, one.num_tokens)
+        assert one.stop_string is not None and one.num_tokens < len(ids)
+
+
 def test_stop_token_is_not_rendered_unless_included(tokenizer):
     ids = tokenizer.backend_tokenizer.encode("end!", add_special_tokens=False).ids
     last = ids[-1]

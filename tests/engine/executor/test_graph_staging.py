@@ -75,3 +75,23 @@ def test_staging_is_rewritten_only_after_the_previous_copies_completed():
         staging.fill(_decode_step([0, 1], table, step), size=2)
         staging.copy_to(static, size=2)
     assert log == [("record", 100), ("wait", 100), ("record", 200), ("wait", 200), ("record", 300)]
+
+
+def test_a_verify_step_is_staged_as_one_decode_row_per_query_token():
+    """Requests at rows 3 (its last token + 2 drafts, 12 tokens cached once written) and 1 (one token, 7):
+    each query token gets its request's table row and sees the cache up to itself."""
+    table = np.arange(10 * MAX_BLOCKS, dtype=np.int32).reshape(10, MAX_BLOCKS)
+    inputs = StepInputs(
+        input_ids=np.array([5, 6, 7, 8]), positions=np.array([9, 10, 11, 6]), slot_mapping=np.array([9, 10, 11, 70]),
+        query_start_loc=np.array([0, 3, 4], dtype=np.int32), seq_lens=np.array([12, 7], dtype=np.int32),
+        rows=np.array([3, 1]), block_table=table, block_size=16, max_query_len=3, max_seq_len=12,
+        logits_indices=np.arange(4), sample_rows=np.array([3, 3, 3, 1]), sample_reqs=np.array([0, 0, 0, 1]),
+        prompt_logprobs=[], sample_offsets=np.array([0, 1, 2, 0]),
+    )
+    staging = GraphInputStaging(MAX_SIZE, MAX_BLOCKS, pin=False)
+    static = _static()
+    staging.fill(inputs, size=8)
+    staging.copy_to(static, size=8)
+    assert static["seq_lens"][:5].tolist() == [10, 11, 12, 7, 1]        # the fifth: padding
+    assert torch.equal(static["block_tables"][:4], torch.from_numpy(table[[3, 3, 3, 1]]))
+    assert static["input_ids"][:4].tolist() == [5, 6, 7, 8] and static["slot_mapping"][4] == -1

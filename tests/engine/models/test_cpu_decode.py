@@ -1,7 +1,8 @@
-"""The fused CPU decode path (engine/models/cpu_decode.py over kernels/cpu/ops.decode_forward16): pure-decode
-steps of 16-bit Llama-family models in one C call agree with the eager path to float32 rounding, write the
-same KV cache, agree with transformers on the same (16-bit) weights, and stay out of the way where they do
-not apply. Skipped where the AVX2 kernels cannot run."""
+"""The fused CPU decode path (engine/models/cpu_decode.py over kernels/cpu/ops.decode_forward16): decode
+steps of 16-bit Llama-family models in one C call, with one or a few query tokens per request (speculative
+decoding's verify steps, short prompts), agree with the eager path to float32 rounding, write the same KV
+cache, agree with transformers on the same (16-bit) weights, and stay out of the way where they do not apply.
+Skipped where the AVX2 kernels cannot run."""
 
 from __future__ import annotations
 
@@ -61,10 +62,10 @@ def test_fused_decode_matches_the_eager_path(tiny_model, monkeypatch, arch, dtyp
     assert model.cpu_decode is not None, unsupported_reason(model)
     calls = _count_fused_calls(monkeypatch)
     fused, fused_runner = _run(model)
-    assert calls == [3] * 5                       # every decode step, never the prefill
+    assert calls == [12] + [3] * 5                # every step: the short prompts' too
     model.cpu_decode = None
     eager, eager_runner = _run(model)
-    assert len(calls) == 5
+    assert len(calls) == 6
     for got, expected in zip(fused, eager, strict=True):
         torch.testing.assert_close(got, expected, atol=2e-3, rtol=2e-3)
     for got, expected in zip(fused_runner.kv_caches, eager_runner.kv_caches, strict=True):
@@ -95,6 +96,28 @@ def test_fused_decode_agrees_with_transformers_on_the_same_weights(tiny_model, a
     reference = hf_logits(hf, tokens)[len(PROMPTS["a"]):]
     torch.testing.assert_close(torch.stack(ours), reference, atol=3e-2, rtol=3e-2)
     assert torch.equal(torch.stack(ours).argmax(-1), reference.argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_verify_steps_with_several_tokens_per_request_match_the_eager_path(tiny_model, monkeypatch, dtype):
+    """Speculative decoding's shape: after the prompts, each request brings 1 + d tokens (d = 0, 2, 4), each
+    attending causally to its own cache up to itself; a later step then reads what they wrote."""
+    model = _load(tiny_model("Qwen3ForCausalLM"), dtype)
+    calls = _count_fused_calls(monkeypatch)
+
+    def run():
+        runner = PagedBatchRunner(model, num_blocks=32, block_size=4)
+        runner.step(PROMPTS)
+        verify = runner.step({"a": [4, 8, 15, 16, 23], "b": [42], "c": [7, 7, 7]})
+        after = runner.step({"a": [1], "b": [2], "c": [3]})
+        return torch.cat(list(verify.values())), torch.cat(list(after.values()))
+
+    fused = run()
+    assert calls[1:] == [9, 3]
+    model.cpu_decode = None
+    eager = run()
+    for got, expected in zip(fused, eager, strict=True):
+        torch.testing.assert_close(got, expected, atol=2e-3, rtol=2e-3)
 
 
 def test_a_padding_slot_writes_nothing_and_leaves_the_other_rows_alone(tiny_model):
@@ -166,4 +189,4 @@ def test_the_fused_path_takes_as_many_rows_as_gemm16_does(tiny_model, monkeypatc
     assert calls == []                                # 3 rows: over both limits, the eager path
     monkeypatch.setattr(cpu_decode, "gemm16_max_rows", lambda: 4)
     _run(model, steps=2)
-    assert calls == [3, 3]
+    assert calls == [3, 3]                            # the 12-token prefill is over the limit too

@@ -2,7 +2,9 @@
 embedding keep the file's blocks (engine/layers/quantized.py, engine/models/gguf_quantized.py) and multiply
 through the quantized kernels; the model then computes what the dequantized one (`--quantization none`)
 does, within the rounding of its activations; the fused CPU decode step over quantized weights equals the
-eager path with the same (one-plane) activations; a layer the kernels cannot take is dequantized, and the startup log says so once."""
+eager path with the same (one-plane) activations, and its verify rows (several query tokens per request) equal
+decoding one token at a time; a layer the kernels cannot take is dequantized, and the startup log says so
+once."""
 
 from __future__ import annotations
 
@@ -109,6 +111,38 @@ def test_fused_decode_over_quantized_weights_matches_the_eager_path(arch, gguf_m
     eager.cpu_decode = None
     _one_plane(eager)
     torch.testing.assert_close(got, _logits(eager), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="needs the fused decode kernels")
+def test_verify_rows_over_quantized_weights_equal_decoding_one_token_at_a_time(gguf_model, monkeypatch):  # noqa: F811
+    """Speculative decoding's verify step (1 + d query tokens per request) through the fused step over Q4_K
+    blocks: each row's logits are bit for bit those of its token decoded alone (the quantized matmuls and
+    the decode attention's key splits work row by row), which keeps greedy outputs with drafts identical to
+    those without."""
+    model = _load(gguf_model("Qwen3ForCausalLM", "Q4_K"), "gguf", dtype="bfloat16")
+    rows = []
+    original = cpu_ops.DecodeStack.__call__
+    monkeypatch.setattr(cpu_ops.DecodeStack, "__call__", lambda self, x, *a: rows.append(len(x)) or original(self, x, *a))
+    drafts = {"a": [40, 41, 42, 43, 44], "b": [45, 46, 47]}
+    # long enough that decode attention splits each request's keys (the split must not depend on the batch)
+    long_prompts = {req: (tokens * 40)[:150 + 10 * i] for i, (req, tokens) in enumerate(PROMPTS.items())}
+
+    def run(steps: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        runner = PagedBatchRunner(model, num_blocks=128, block_size=4)
+        runner.step(long_prompts)
+        out: dict[str, list[torch.Tensor]] = {}
+        for step in steps:
+            for req, logits in runner.step(step).items():
+                out.setdefault(req, []).append(logits)
+        return {req: torch.cat(parts) for req, parts in out.items()}
+
+    verified = run([drafts])
+    assert rows == [8]                             # the prompts ran eagerly, the verify step fused
+    one_at_a_time = run([{req: tokens[i:i + 1] for req, tokens in drafts.items() if i < len(tokens)}
+                         for i in range(5)])
+    assert rows[1:] == [2, 2, 2, 1, 1]
+    for req in drafts:
+        assert torch.equal(verified[req], one_at_a_time[req]), req
 
 
 def _one_plane(model) -> None:

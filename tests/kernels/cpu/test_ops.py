@@ -161,10 +161,12 @@ def test_supports_attention_names_the_layouts_it_cannot_take():
     assert not cpu_ops.supports_attention(torch.zeros(2, 4, 2, 60, dtype=torch.bfloat16), 4)
 
 
+@pytest.mark.parametrize("batch_invariant", [True, False])
 @pytest.mark.parametrize("seq_lens", [[333], [3, 400], [0, 130]])
-def test_paged_decode_attention16_splits_the_keys_of_small_batches(float32_arithmetic, seq_lens):
-    """Few (request, KV head) tasks: each request's keys are attended in ranges and merged (split-K), with
-    ranges left empty where a request is shorter than the split; the result is the reference's."""
+def test_paged_decode_attention16_splits_the_keys(float32_arithmetic, seq_lens, batch_invariant):
+    """Each request's keys are attended in ranges and merged (split-K): ranges of about 64 keys by the
+    request's length (batch_invariant, decode), or as many as give two threads four tasks each (prefill
+    rows; every case here splits); a request without keys gives zeros; the result is the reference's."""
     generator = torch.Generator().manual_seed(sum(seq_lens))
     block_size, num_heads, num_kv_heads, head_dim = 16, 4, 1, 64
     seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
@@ -174,13 +176,33 @@ def test_paged_decode_attention16_splits_the_keys_of_small_batches(float32_arith
     value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).bfloat16()
     block_tables = (1 + torch.randperm(num_blocks - 1, generator=generator)).view(len(seq_lens), -1).int()
     query = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator)
-    with _torch_threads(2):              # four jobs a thread wanted: every case here splits
-        got = cpu_ops.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, 0.125)
+    with _torch_threads(2):
+        got = cpu_ops.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, 0.125,
+                                                batch_invariant)
     expected = paged_decode_attention_torch(query, key_cache.float(), value_cache.float(), seq_lens, block_tables,
                                             0.125)
     nonempty = seq_lens > 0
     torch.testing.assert_close(got[nonempty], expected[nonempty], atol=1e-5, rtol=1e-4)
     assert torch.equal(got[~nonempty], torch.zeros_like(got[~nonempty]))      # no keys: zeros, not NaN
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_paged_decode_attention16_gives_a_row_the_same_bits_in_any_batch(threads):
+    """A row's key ranges follow its own length, not the batch's: alone or among others (a verify step's
+    rows, a large batch) it gets the same bits, which keeps speculative decoding's greedy outputs exact."""
+    generator = torch.Generator().manual_seed(threads)
+    block_size, num_heads, num_kv_heads, head_dim = 16, 9, 3, 64
+    seq_lens = torch.tensor([300, 301, 302, 303, 40, 700], dtype=torch.int32)
+    key_cache = torch.randn(60, block_size, num_kv_heads, head_dim, generator=generator).half()
+    value_cache = torch.randn(60, block_size, num_kv_heads, head_dim, generator=generator).half()
+    block_tables = (1 + torch.arange(6 * 44) % 59).view(6, 44).int()
+    query = torch.randn(6, num_heads, head_dim, generator=generator)
+    with _torch_threads(threads):
+        together = cpu_ops.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, 0.125)
+        for r in range(6):
+            alone = cpu_ops.paged_decode_attention16(query[r:r + 1], key_cache, value_cache, seq_lens[r:r + 1],
+                                                      block_tables[r:r + 1], 0.125)
+            assert torch.equal(alone[0], together[r]), r
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
