@@ -10,7 +10,7 @@ import torch
 from kernels.gguf_blocks import QUANT_TYPES, TYPE_IDS, QuantizedWeight, quant_matmul_torch
 from kernels.triton_quant_matmul import TritonQuantWeight, quant_matmul_triton
 from tests.kernels.tolerances import assert_close
-from tests.kernels.test_cpu_quant import random_blocks
+from tests.kernels.cpu.test_quant import random_blocks
 
 pytestmark = pytest.mark.interpreter      # CPU tensors under TRITON_INTERPRET (tests/conftest.py)
 
