@@ -14,6 +14,7 @@ import msgspec
 
 from frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from frontend.chat.protocol import ChatCompletionRequest
+from frontend.models.routes import ModelRequest
 from frontend.openai.protocol import CompletionRequest, DetokenizeRequest, TokenizeRequest
 from frontend.responses.protocol import ResponsesRequest
 
@@ -61,6 +62,7 @@ RESPONSE_SCHEMAS = {
     "Tokenized": _obj({"count": INT, "max_model_len": INT, "tokens": {"type": "array", "items": INT}}),
     "Detokenized": _obj({"prompt": STR}),
     "Version": _obj({"version": STR}),
+    "Sleeping": _obj({"is_sleeping": BOOL}),
     "Object": OBJ,
     # One server-sent event (schemathesis checks each event of a stream against it).
     "OpenAIEvent": _obj({"data": STR}, event=STR),
@@ -70,6 +72,7 @@ RESPONSE_SCHEMAS = {
     "ResponsesEvent": _obj({"data": STR, "event": {"type": "string", "pattern": "^(response\\.[a-z_.]+|error)$"}}),
 }
 EVENT_SCHEMAS = {"/v1/messages": "AnthropicEvent", "/v1/responses": "ResponsesEvent"}
+SLEEP_PATHS = ("/sleep", "/wake_up", "/is_sleeping")
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,12 @@ OPERATIONS = [
     Operation("POST", "/v1/responses", "Responses (OpenAI)", ResponsesRequest, "ResponseObject", True),
     Operation("GET", "/v1/responses/{response_id}", "A stored response", None, "ResponseObject"),
     Operation("DELETE", "/v1/responses/{response_id}", "Delete a stored response", None, "ResponseDeleted"),
-    Operation("GET", "/v1/models", "The served model", None, "ModelList"),
+    Operation("GET", "/v1/models", "The served models and their states", None, "ModelList"),
+    Operation("POST", "/models/load", "Load a model (llama-server's router)", ModelRequest, "Object"),
+    Operation("POST", "/models/unload", "Unload a model once its requests have finished", ModelRequest, "Object"),
+    Operation("POST", "/sleep", "Free a model's KV cache (level=1) or its weights too (level=2); ?model=NAME"),
+    Operation("POST", "/wake_up", "Wake a sleeping model; ?model=NAME"),
+    Operation("GET", "/is_sleeping", "Whether a model sleeps; ?model=NAME", None, "Sleeping"),
     Operation("GET", "/health", "200 while the engine runs, 503 when it is dead"),
     Operation("GET", "/metrics", "Prometheus metrics", media_type="text/plain"),
     Operation("GET", "/version", "The server's version", None, "Version"),
@@ -105,14 +113,14 @@ OPERATIONS = [
 ]
 
 
-def openapi_document(version: str, model_name: str) -> dict:
-    """The document; `model` fields name the one model this server serves (any other name is a 404)."""
+def openapi_document(version: str, model_names: list[str]) -> dict:
+    """The document; `model` fields name the models this server serves (any other name is a 404)."""
     requests = [op.request for op in OPERATIONS if op.request is not None]
     refs, components = msgspec.json.schema_components(requests, ref_template=REF)
     for name in {request.__name__ for request in requests}:
         properties = components[name]["properties"]
         if "model" in properties:
-            served = {"enum": [model_name]}
+            served = {"enum": list(model_names)}
             optional = "model" not in components[name].get("required", ())
             properties["model"] = _nullable(served) if optional else served
     body_refs = dict(zip(requests, refs, strict=True))
@@ -151,6 +159,11 @@ def _operation(op: Operation, body_ref: dict | None) -> dict:
         out["requestBody"] = {"required": True, "content": {"application/json": {"schema": body_ref}}}
     if "{response_id}" in op.path:
         out["parameters"] = [{"name": "response_id", "in": "path", "required": True, "schema": STR}]
+    if op.path in SLEEP_PATHS:
+        out["parameters"] = [{"name": "model", "in": "query", "required": False, "schema": STR}]
+        if op.path == "/sleep":
+            out["parameters"].append({"name": "level", "in": "query", "required": False,
+                                      "schema": {"enum": ["1", "2"]}})
     if op.path != "/health":
         out["security"] = [{}, {"bearer": []}, {"apiKey": []}]
     return out

@@ -26,7 +26,7 @@ from frontend.chat.template import ChatTemplate
 from frontend.choices import Choice
 from frontend.config import ServerConfig
 from frontend.errors import ApiError, from_validation_error, invalid
-from frontend.metrics import RequestEventLog, ServerMetrics
+from frontend.metrics import ModelMetrics, RequestEventLog
 from frontend.prompts import PromptPreparation
 from frontend.runner import OutputParser, Run
 
@@ -46,7 +46,7 @@ class ServingContext:
     vocab_size: int
     max_logprobs: int
     generation_defaults: dict
-    metrics: ServerMetrics
+    metrics: ModelMetrics
     events: RequestEventLog
     token_strings: Callable[[int], str]     # token id -> its text alone, cached (logprobs, /tokenize)
     chat_template: ChatTemplate | None
@@ -68,16 +68,7 @@ class OpenAIServing(PromptPreparation):
     # ------------------------------------------------------------------ reading and checking requests
     async def read(self, request: Request, kind: type[T]) -> T:
         """The body decoded as `kind`: 413 past the size limit, 400 naming the field on a bad value."""
-        limit = self.ctx.config.max_request_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-        timeout = self.ctx.config.body_read_timeout
-        try:
-            data = await asyncio.wait_for(_read_body(request, limit), timeout)
-        except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {timeout:g} s "
-                                "(--body-read-timeout)") from None
+        data = await request_body(request, self.ctx.config)
         try:
             body = msgspec.json.decode(data, type=kind)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
@@ -194,6 +185,25 @@ class OpenAIServing(PromptPreparation):
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def request_body(request: Request, config: ServerConfig) -> bytes:
+    """The request's body, read once within the size limit and the read deadline (413, 408), then kept on the
+    request: the model router reads it first to find the `model`, the handler decodes it."""
+    data = getattr(request.state, "body", None)
+    if data is not None:
+        return data
+    limit = config.max_request_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    try:
+        data = await asyncio.wait_for(_read_body(request, limit), config.body_read_timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {config.body_read_timeout:g} s "
+                            "(--body-read-timeout)") from None
+    request.state.body = data
+    return data
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -40,6 +40,7 @@ from engine.messages import (
     ControlCall,
     ControlReply,
     EngineDead,
+    EngineLoading,
     EngineOut,
     EngineOutputs,
     EngineReady,
@@ -70,6 +71,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
         self.block_size = self.config.block_size
         self.max_model_len = self.config.max_model_len
         self.pids: dict[str, int] = {}
+        self.loading = EngineLoading(stage="processes")   # startup progress, until EngineReady
         self._stats = SchedulerStats()
         self._handles = itertools.count(1)
         self._by_handle: dict[int, RequestState] = {}
@@ -99,6 +101,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
             self.num_blocks = self._local.executor.num_blocks
             self.weight_bytes = dict(self._local.executor.weight_bytes)
             self.pids = dict(self._local.executor.pids)
+            self.loading = EngineLoading(stage="ready")
         else:
             self._start_processes()
         atexit.register(self.shutdown_sync)
@@ -116,7 +119,11 @@ class EngineClient(PoolingRequests, EngineClientBase):
             }, env=self._env)
             self._requests.set_peer_check(self._check_scheduler)
             self._outputs.set_peer_check(self._check_scheduler)
+            deadline = time.monotonic() + config.startup_timeout_s
             msg = self._read_message(timeout=config.startup_timeout_s)
+            while isinstance(msg, EngineLoading):
+                self.loading = msg
+                msg = self._read_message(timeout=max(deadline - time.monotonic(), 0.1))
         except PeerDiedError as e:
             self._abandon()
             raise EngineDeadError(f"the engine failed to start: {e}") from None
@@ -128,6 +135,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
             self._abandon()
             raise EngineDeadError(f"the engine failed to start: {msg.message}")
         assert isinstance(msg, EngineReady), msg
+        self.loading = EngineLoading(stage="ready")
         self._requests.unlink()
         self._outputs.unlink()
         self.num_blocks = msg.num_blocks

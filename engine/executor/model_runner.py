@@ -51,6 +51,8 @@ class ModelRunner:
         self.num_blocks = 0
         self.graphs = None
         self._profiler = None
+        self.sleep_level = 0                 # 0 awake; 1 KV freed; 2 KV and weights dropped (see sleep())
+        self.report_progress = None          # (done, total) of the weights' tensors while they load
 
     # ------------------------------------------------------------------ startup
     def load(self) -> None:
@@ -67,7 +69,7 @@ class ModelRunner:
                    self.device)
         self.model = load_model(
             self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
-            attention_backend=backend, progress=self.rank == 0,
+            attention_backend=backend, progress=self.rank == 0, report=self.report_progress,
         )
         self.sampling = SamplingBatch(self.config.max_num_seqs, self.config.vocab_size, self.device,
                                       self.config.seed)
@@ -339,6 +341,38 @@ class ModelRunner:
                 first_position=plan.first_position,
             ))
         return result
+
+    # ------------------------------------------------------------------ sleep mode (vLLM's levels)
+    def sleep(self, level: int) -> str:
+        """Free the KV cache (level 1) and the weights too (level 2), keeping the process and its rings.
+
+        Level 1 keeps weights that already live in host memory (the CPU); on a GPU they are dropped and
+        re-read on wake from the file (the page cache holds it: host memory) or, for dummy weights, made
+        again from the seed. The scheduler calls this only with no request in the engine."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        freed = sum(cache.nbytes for cache in self.kv_caches)
+        self.kv_caches = []
+        self.graphs = None
+        drop_weights = level == 2 or self.device.type == "cuda"
+        if drop_weights and self.model is not None:
+            freed += sum(self.weight_bytes().values())
+            self.model = None
+        self.sleep_level = max(self.sleep_level, 2 if drop_weights else 1)
+        from engine.executor.cpu_memory import release_freed_memory
+
+        release_freed_memory(self.device)
+        return f"asleep at level {level}: {freed / (1 << 20):.0f} MiB freed"
+
+    def wake_up(self) -> str:
+        """Undo sleep(): weights loaded again if they were dropped, the KV cache allocated again (empty)."""
+        if not self.sleep_level:
+            return "awake"
+        if self.model is None:
+            self.load()
+        self.sleep_level = 0
+        self.initialize_kv_cache(self.num_blocks)
+        return "awake"
 
     # ------------------------------------------------------------------ profiling
     def start_profile(self, directory: str) -> str:

@@ -43,7 +43,7 @@ class EncoderModelRunner(ModelRunner):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.model = load_model(self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
-                                progress=self.rank == 0)
+                                progress=self.rank == 0, report=self.report_progress)
         if self.device.type == "cpu" and self.model.activation_dtype == torch.float32 \
                 and self.model.dtype == torch.float32:
             pack_float32_matmuls(self.model)

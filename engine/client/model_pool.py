@@ -1,0 +1,451 @@
+"""ModelPool: several models behind one frontend (DESIGN §2, "Several models").
+
+A model is an engine (a scheduler, its executors and their rings, started by an engine client); the pool
+keeps one slot per model name, starts an engine when a request needs it, routes requests to it and stops it
+again — the same start and stop that already leave nothing behind for one engine.
+
+- `acquire(name)` returns the model's running client and counts one request in flight until `release`. An
+  unloaded model is loaded first; a sleeping one is woken. With `max_loaded` engines up, the least recently
+  used one without requests in flight is unloaded to make room; when every loaded model has requests in
+  flight, the least recently used one is drained (its new requests wait) and unloaded once they finish.
+  Waiters for room queue first come, first served; one that has waited `wait_s` gets EngineBusyError (a 503
+  with Retry-After), so nothing waits without bound.
+- `idle_unload_s` unloads a model nobody has used for that long; a request may set its own expiry
+  (`keep_alive`, Ollama's), which overrides it for that model.
+- `sleep(name, level)` frees the KV cache (level 1) or the weights too (level 2) while the processes stay;
+  `wake_up(name)` undoes it, and so does a request.
+
+Everything here runs on the event loop; engine starts and stops run in threads, so the loop keeps serving
+the other models meanwhile. `PooledEngine` is one model as the handlers see it: an AsyncEngine whose
+requests go through acquire and release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from engine.client.base import AsyncEngine
+from engine.client.dp_client import make_engine_client
+from engine.config import EngineConfig
+from engine.errors import EngineBusyError
+from engine.client.pooled_engine import PooledEngine
+from engine.messages import EngineLoading
+from engine.outputs import EngineDeadError
+
+logger = logging.getLogger("ringserve.models")
+
+UNLOADED, LOADING, LOADED, SLEEPING, UNLOADING = "unloaded", "loading", "loaded", "sleeping", "unloading"
+SHUTDOWN_WAIT_S = 30.0            # how long shutdown waits for a load in progress before leaving it
+LOAD_GRACE_S = 5.0                # a just-loaded model is kept this long for the request that loaded it
+
+
+class UnknownModelError(LookupError):
+    """No model of that name: the message names it and lists those that exist."""
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        listed = ", ".join(f"`{n}`" for n in available) or "none"
+        super().__init__(f"The model `{name}` does not exist; this server serves {listed}.")
+        self.name = name
+
+
+class PooledModel:
+    """One model's slot: its config, its engine while one runs, and what the pool knows about its use."""
+
+    def __init__(self, name: str, config: EngineConfig, pool: ModelPool) -> None:
+        self.name = name
+        self.config = config
+        self.state = UNLOADED
+        self.client: AsyncEngine | None = None      # the running engine (loaded or sleeping)
+        self.starting: AsyncEngine | None = None    # the engine being started (its loading progress)
+        self.busy: asyncio.Task | None = None       # the transition under way: load, unload, sleep, wake
+        self.in_flight = 0
+        self.last_used = 0.0
+        self.sleep_level = 0
+        self.drained_for: object | None = None      # the waiter it is being emptied for: no new requests
+        self.keep_alive_until: float | None = None  # a request's expiry (keep_alive); None: idle_unload_s
+        self.loads = self.unloads = 0
+        self.load_seconds: float | None = None      # the last load's duration
+        self.protected_until = 0.0                  # not unloaded for another model before (just loaded)
+        self.prefetching = False
+        self.engine = PooledEngine(self, pool)
+
+    @property
+    def progress(self) -> float:
+        """How far the load is: 0 unloaded, 1 loaded; between, the engine's startup stages."""
+        if self.state != LOADING:
+            return 0.0 if self.client is None else 1.0
+        loading = getattr(self.starting, "loading", None) or EngineLoading(stage="processes")
+        if loading.stage == "weights" and loading.total:
+            return 0.1 + 0.8 * loading.done / loading.total
+        return {"processes": 0.05, "kv_cache": 0.9, "ready": 1.0}.get(loading.stage, 0.05)
+
+
+class ModelPool:
+    def __init__(self, configs: dict[str, EngineConfig], *, max_loaded: int | None = None,
+                 idle_unload_s: float | None = None, wait_s: float = 60.0,
+                 make_client: Callable[[EngineConfig], AsyncEngine] = make_engine_client) -> None:
+        if not configs:
+            raise ValueError("a model pool needs at least one model")
+        if max_loaded is not None and max_loaded < 1:
+            raise ValueError(f"max_loaded must be at least 1, got {max_loaded}")
+        self.models = {name: PooledModel(name, config, self) for name, config in configs.items()}
+        self.max_loaded = max_loaded or len(configs)
+        self.idle_unload_s = idle_unload_s
+        self.wait_s = wait_s
+        self._make_client = make_client
+        self._queue: deque[_Waiter] = deque()       # requests waiting for room, first come first served
+        self._changed = asyncio.Event()
+        self._reaper: asyncio.Task | None = None
+        self._closing: EngineDeadError | None = None
+        self.on_unload: list[Callable[[str], None]] = []   # told each model's name as its engine stops
+
+    @classmethod
+    def of_client(cls, client: AsyncEngine, **options) -> ModelPool:
+        """A pool of one model whose engine is already running (create_app over an engine client)."""
+        pool = cls({client.config.model_name: client.config}, **options)
+        model = pool.models[client.config.model_name]
+        model.client, model.state, model.last_used = client, LOADED, time.monotonic()
+        return pool
+
+    # ------------------------------------------------------------------ the table
+    @property
+    def names(self) -> list[str]:
+        return list(self.models)
+
+    def model(self, name: str) -> PooledModel:
+        model = self.models.get(name)
+        if model is None:
+            raise UnknownModelError(name, self.names)
+        return model
+
+    def running(self) -> list[PooledModel]:
+        """The models with an engine up (loaded or asleep)."""
+        return [m for m in self.models.values() if m.client is not None]
+
+    @property
+    def num_unfinished(self) -> int:
+        return sum(m.client.num_unfinished for m in self.running())
+
+    # ------------------------------------------------------------------ requests
+    async def acquire(self, name: str) -> AsyncEngine:
+        """The model's running engine, with one more request counted in flight (see `release`)."""
+        model = self.model(name)
+        deadline = time.monotonic() + self.wait_s
+        waiter: _Waiter | None = None
+        try:
+            while True:
+                if self._closing is not None:
+                    raise self._closing
+                if model.busy is not None:             # its load, wake, sleep or unload: wait for it
+                    await asyncio.shield(model.busy)
+                    continue
+                if model.drained_for is None and model.state == LOADED:
+                    model.in_flight += 1
+                    model.last_used = time.monotonic()
+                    model.protected_until = 0.0
+                    return model.client
+                if model.drained_for is None and model.state == SLEEPING:
+                    self._begin(model, self._wake(model))
+                    continue
+                if model.state == UNLOADED:
+                    if waiter is None:
+                        waiter = _Waiter(name)
+                        self._queue.append(waiter)
+                    if self._queue[0] is waiter and self._make_room(waiter):
+                        self._queue.popleft()
+                        self._begin(model, self._load(model))
+                        continue
+                await self._wait_change(deadline, name)
+        finally:
+            if waiter is not None:
+                self._forget(waiter)
+
+    def prefetch(self, name: str) -> None:
+        """Start bringing the model up now (as a request would, making room) without waiting for it: a first
+        request's other preparation (its tokenizer) then overlaps the engine's start. A model loaded this way
+        is not unloaded for another within LOAD_GRACE_S, so the request that asked finds it up."""
+        model = self.model(name)
+        if model.state not in (LOADED, LOADING) and not model.prefetching and self._closing is None:
+            model.prefetching = True
+            asyncio.ensure_future(self._prefetch(model))
+
+    async def _prefetch(self, model: PooledModel) -> None:
+        try:
+            await self.acquire(model.name)
+        except Exception:  # noqa: BLE001  the request's own acquire meets the same failure and reports it
+            return
+        finally:
+            model.prefetching = False
+        self.release(model)
+
+    def release(self, model: PooledModel) -> None:
+        model.in_flight -= 1
+        model.last_used = time.monotonic()
+        if model.in_flight == 0:
+            self._notify()
+
+    def keep_alive(self, name: str, seconds: float | None) -> None:
+        """A request's keep_alive (Ollama's): unload the model `seconds` after now (0: as soon as it is
+        idle; negative: never by idleness); None: back to the server's --idle-unload."""
+        model = self.model(name)
+        if seconds is None:
+            model.keep_alive_until = None
+        else:
+            model.keep_alive_until = float("inf") if seconds < 0 else time.monotonic() + seconds
+        self._ensure_reaper()
+
+    def expires_at(self, model: PooledModel) -> float | None:
+        """time.monotonic() at which the idle model will be unloaded; None: never by idleness."""
+        if model.keep_alive_until is not None:
+            return None if model.keep_alive_until == float("inf") else model.keep_alive_until
+        return model.last_used + self.idle_unload_s if self.idle_unload_s else None
+
+    def _make_room(self, waiter: _Waiter) -> bool:
+        """True when one more engine may start; else start freeing a slot (unload the least recently used
+        idle model, or drain the least recently used busy one) and return False."""
+        occupied = self._occupied()
+        if len(occupied) < self.max_loaded:
+            return True
+        now = time.monotonic()
+        candidates = [m for m in occupied if m.busy is None and m.state in (LOADED, SLEEPING)
+                      and m.protected_until <= now]
+        idle = [m for m in candidates if m.in_flight == 0]
+        if idle:
+            victim = min(idle, key=lambda m: m.last_used)
+            self._begin(victim, self._unload(victim, f"to make room for {waiter.name}"))
+            return len(self._occupied()) < self.max_loaded      # a CPU engine's exit frees its slot at once
+        if candidates and not any(m.drained_for is not None for m in candidates):
+            victim = min(candidates, key=lambda m: m.last_used)
+            victim.drained_for = waiter
+            logger.info("model %s: finishing its %d requests, then unloading it to make room for %s",
+                        victim.name, victim.in_flight, waiter.name)
+        return False
+
+    def _occupied(self) -> list[PooledModel]:
+        """The models that hold a slot: up, starting, or stopping. A CPU engine that is stopping holds none:
+        its processes are exiting (their memory is back in a moment, well before a new engine's weights are
+        in), so a swap overlaps the old engine's exit with the new one's start. A GPU's must be free first."""
+        return [m for m in self.models.values() if (m.state != UNLOADED or m.busy is not None)
+                and not (m.state == UNLOADING and m.config.resolved_device == "cpu")]
+
+    def _forget(self, waiter: _Waiter) -> None:
+        if waiter in self._queue:
+            self._queue.remove(waiter)
+        for model in self.models.values():
+            if model.drained_for is waiter:
+                model.drained_for = None
+        self._notify()
+
+    async def _wait_change(self, deadline: float, name: str) -> None:
+        now = time.monotonic()
+        remaining = deadline - now
+        if remaining > 0:
+            # a just-loaded model's protection lapses without any event: look again when it does
+            lapses = [m.protected_until - now for m in self.models.values() if m.protected_until > now]
+            try:
+                await asyncio.wait_for(self._changed.wait(), min([remaining, *lapses]))
+            except asyncio.TimeoutError:
+                pass
+            if time.monotonic() < deadline:
+                return
+        busy = ", ".join(f"{m.name} ({m.in_flight} in flight)" for m in self.running())
+        raise EngineBusyError(f"the model {name} waited {self.wait_s:g} s for room: {self.max_loaded} model(s) may "
+                              f"be loaded at once (--models-max) and each has requests in flight: {busy}",
+                              retry_after=max(1.0, self.wait_s / 4))
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle routes
+    async def load(self, name: str) -> PooledModel:
+        """Load the model (or wake it) now, making room as a request would."""
+        model = self.model(name)
+        await self.acquire(name)
+        self.release(model)
+        return model
+
+    async def unload(self, name: str) -> PooledModel:
+        """Stop the model's engine once its requests in flight have finished (new ones wait meanwhile)."""
+        model = self.model(name)
+        await self._quiesce(model, lambda: self._unload(model, "asked to"))
+        return model
+
+    async def sleep(self, name: str, level: int = 1) -> PooledModel:
+        """Free the model's KV cache (level 1) and weights (level 2) once its requests have finished."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        model = self.model(name)
+        await self._quiesce(model, lambda: self._sleep(model, level),
+                            skip=lambda: model.client is None or model.sleep_level >= level)
+        return model
+
+    async def wake_up(self, name: str) -> PooledModel:
+        model = self.model(name)
+        await self._quiesce(model, lambda: self._wake(model), skip=lambda: model.state != SLEEPING)
+        return model
+
+    async def _quiesce(self, model: PooledModel, transition, skip=None) -> None:
+        """Run `transition` on the model once no request is in flight there, new ones held back meanwhile."""
+        waiter = _Waiter(model.name)
+        deadline = time.monotonic() + self.wait_s
+        try:
+            while True:
+                if model.busy is not None:
+                    await asyncio.shield(model.busy)
+                    continue
+                if model.client is None or (skip is not None and skip()):
+                    return
+                if model.in_flight == 0:
+                    self._begin(model, transition())
+                    await asyncio.shield(model.busy)
+                    return
+                if model.drained_for is None:
+                    model.drained_for = waiter
+                await self._wait_change(deadline, model.name)
+        finally:
+            self._forget(waiter)
+
+    # ------------------------------------------------------------------ transitions (one at a time per model)
+    def _begin(self, model: PooledModel, transition) -> None:
+        task = asyncio.ensure_future(transition)
+        model.busy = task
+
+        def done(task: asyncio.Task) -> None:
+            model.busy = None
+            if not task.cancelled():
+                task.exception()         # seen by whoever awaits it; never "never retrieved"
+            self._notify()
+
+        task.add_done_callback(done)
+        self._notify()
+
+    async def _load(self, model: PooledModel) -> None:
+        model.state = LOADING
+        started = time.monotonic()
+        logger.info("model %s: loading (%d of %d loaded)", model.name, len(self.running()), self.max_loaded)
+        client = model.starting = self._make_client(model.config)
+        try:
+            await _in_thread(client.start, f"load-{model.name}")
+        except asyncio.CancelledError:
+            model.state = UNLOADED           # `starting` stays: shutdown() stops the engine being started
+            raise
+        except BaseException as e:
+            model.state, model.starting = UNLOADED, None
+            logger.error("model %s: failed to load: %s", model.name, e)
+            await client.shutdown()                            # whatever the failed start left behind
+            raise EngineDeadError(f"the model {model.name} failed to load: {e}") from None
+        model.client, model.starting = client, None
+        model.state, model.sleep_level, model.last_used = LOADED, 0, time.monotonic()
+        model.protected_until = model.last_used + LOAD_GRACE_S
+        model.loads += 1
+        model.load_seconds = time.monotonic() - started
+        logger.info("model %s: loaded in %.2f s", model.name, model.load_seconds)
+        self._ensure_reaper()
+
+    async def _unload(self, model: PooledModel, why: str) -> None:
+        model.state = UNLOADING
+        client, started = model.client, time.monotonic()
+        try:
+            await client.shutdown()
+        finally:
+            model.client, model.state, model.sleep_level = None, UNLOADED, 0
+            model.drained_for = model.keep_alive_until = None
+            model.unloads += 1
+            for listener in self.on_unload:
+                listener(model.name)
+        logger.info("model %s: unloaded (%s) in %.2f s", model.name, why, time.monotonic() - started)
+
+    async def _sleep(self, model: PooledModel, level: int) -> None:
+        result = await model.client.call("sleep", level=level)
+        model.state, model.sleep_level = SLEEPING, max(level, model.sleep_level)
+        logger.info("model %s: %s", model.name, result)
+
+    async def _wake(self, model: PooledModel) -> None:
+        started = time.monotonic()
+        await model.client.call("wake_up")
+        model.state, model.sleep_level = LOADED, 0
+        logger.info("model %s: awake in %.3f s", model.name, time.monotonic() - started)
+
+    # ------------------------------------------------------------------ idle unload and shutdown
+    def start(self) -> None:
+        """Start unloading idle models (on the running event loop), where the pool is asked to."""
+        self._ensure_reaper()
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None and self._closing is None and (
+                self.idle_unload_s or any(m.keep_alive_until is not None for m in self.models.values())):
+            self._reaper = asyncio.ensure_future(self._reap_idle())
+
+    async def _reap_idle(self) -> None:
+        interval = min(1.0, self.idle_unload_s / 4) if self.idle_unload_s else 1.0
+        while True:
+            await asyncio.sleep(max(interval, 0.05))
+            now = time.monotonic()
+            for model in self.models.values():
+                if model.client is None or model.busy is not None or model.in_flight or model.drained_for:
+                    continue
+                expiry = self.expires_at(model)
+                if expiry is not None and now >= expiry:
+                    self._begin(model, self._unload(model, "idle"))
+
+    def fail_unfinished(self, error: EngineDeadError) -> None:
+        """Shutting down: every engine's unfinished requests end with `error`; new requests are refused."""
+        self._closing = error
+        for model in self.running():
+            model.client.fail_unfinished(error)
+        self._notify()
+
+    async def shutdown(self) -> None:
+        self._closing = self._closing or EngineDeadError("the server is shutting down")
+        if self._reaper is not None:
+            self._reaper.cancel()
+        self._notify()
+        # an engine still starting is stopped now, as its start may take minutes (or hang)
+        starting = [m.starting for m in self.models.values() if m.starting is not None]
+        pending = [m.busy for m in self.models.values() if m.busy is not None and m.starting is None]
+        if pending:
+            await asyncio.wait(pending, timeout=SHUTDOWN_WAIT_S)
+        await asyncio.gather(*(m.client.shutdown() for m in self.running()), *(c.shutdown() for c in starting),
+                             return_exceptions=True)
+        for model in self.running():
+            model.client, model.state = None, UNLOADED
+
+
+class _Waiter:
+    """A request waiting for room for its model."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+async def _in_thread(fn: Callable[[], object], name: str) -> None:
+    """fn() in a daemon thread (a hung engine start cannot keep the process alive), awaited."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if not future.done():
+            future.set_result(None) if error is None else future.set_exception(error)
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001  handed to the event loop
+            error = e
+        else:
+            error = None
+        try:
+            loop.call_soon_threadsafe(settle, error)
+        except RuntimeError:        # the loop closed before the thread finished
+            pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    await future
