@@ -56,7 +56,6 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ startup
     def load(self) -> None:
-        from engine.models.loader import load_model
         from engine.sample.sampler import Sampler
         from engine.sample.sampling_batch import SamplingBatch
         from kernels import cpu_avx2
@@ -67,16 +66,21 @@ class ModelRunner:
         self.attention_backend = get_attention_backend(backend)
         self._note("loading the weights: %s as %s on %s", self.config.model, self.config.resolved_dtype,
                    self.device)
-        self.model = load_model(
-            self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
-            attention_backend=backend, progress=self.rank == 0, report=self.report_progress,
-        )
+        self.model = self.load_weights()
         self.sampling = SamplingBatch(self.config.max_num_seqs, self.config.vocab_size, self.device,
                                       self.config.seed)
         # on a CPU, rows without top-k/top-p are drawn by the C kernel where it runs (the same draw)
         on_cpu_kernels = self.device.type == "cpu" and cpu_avx2.available()
         self.sampler = Sampler(full_row_draw=cpu_avx2.sample_exp_rows if on_cpu_kernels else None)
         self.words_per_row = words_per_row(self.config.vocab_size)
+
+    def load_weights(self):
+        """This rank's model with its weights (at startup, and again on waking from a sleep that dropped them)."""
+        from engine.models.loader import load_model
+
+        return load_model(self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
+                          attention_backend=self.attention_backend.name, progress=self.rank == 0,
+                          report=self.report_progress)
 
     def weight_bytes(self) -> dict[str, int]:
         """Bytes this rank's weights take, by GGUF block type (weights kept quantized) or dtype."""
@@ -369,7 +373,7 @@ class ModelRunner:
         if not self.sleep_level:
             return "awake"
         if self.model is None:
-            self.load()
+            self.model = self.load_weights()
         self.sleep_level = 0
         self.initialize_kv_cache(self.num_blocks)
         return "awake"

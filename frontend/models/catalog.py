@@ -66,7 +66,7 @@ def model_files(directory: str) -> dict[str, str]:
             logger.warning("models dir: %s and %s are both named %s; serving the first", found[name], entry.path, name)
             continue
         found[name] = os.path.abspath(entry.path)
-    return found
+    return dict(sorted(found.items()))
 
 
 def read_settings(path: str) -> dict:
