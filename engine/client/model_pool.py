@@ -24,65 +24,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 
-from engine.client.base import AsyncEngine
+from engine.client.base import AsyncEngine, in_daemon_thread
 from engine.client.dp_client import make_engine_client
 from engine.config import EngineConfig
 from engine.errors import EngineBusyError
-from engine.client.pooled_engine import PooledEngine
-from engine.messages import EngineLoading
+from engine.client.pooled_engine import (  # noqa: F401  (the states are the pool's vocabulary too)
+    LOADED,
+    LOADING,
+    SLEEPING,
+    UNLOADED,
+    UNLOADING,
+    PooledModel,
+    UnknownModelError,
+)
 from engine.outputs import EngineDeadError
 
 logger = logging.getLogger("ringserve.models")
 
-UNLOADED, LOADING, LOADED, SLEEPING, UNLOADING = "unloaded", "loading", "loaded", "sleeping", "unloading"
 SHUTDOWN_WAIT_S = 30.0            # how long shutdown waits for a load in progress before leaving it
 LOAD_GRACE_S = 5.0                # a just-loaded model is kept this long for the request that loaded it
-
-
-class UnknownModelError(LookupError):
-    """No model of that name: the message names it and lists those that exist."""
-
-    def __init__(self, name: str, available: list[str]) -> None:
-        listed = ", ".join(f"`{n}`" for n in available) or "none"
-        super().__init__(f"The model `{name}` does not exist; this server serves {listed}.")
-        self.name = name
-
-
-class PooledModel:
-    """One model's slot: its config, its engine while one runs, and what the pool knows about its use."""
-
-    def __init__(self, name: str, config: EngineConfig, pool: ModelPool) -> None:
-        self.name = name
-        self.config = config
-        self.state = UNLOADED
-        self.client: AsyncEngine | None = None      # the running engine (loaded or sleeping)
-        self.starting: AsyncEngine | None = None    # the engine being started (its loading progress)
-        self.busy: asyncio.Task | None = None       # the transition under way: load, unload, sleep, wake
-        self.in_flight = 0
-        self.last_used = 0.0
-        self.sleep_level = 0
-        self.drained_for: object | None = None      # the waiter it is being emptied for: no new requests
-        self.keep_alive_until: float | None = None  # a request's expiry (keep_alive); None: idle_unload_s
-        self.loads = self.unloads = 0
-        self.load_seconds: float | None = None      # the last load's duration
-        self.protected_until = 0.0                  # not unloaded for another model before (just loaded)
-        self.prefetching = False
-        self.engine = PooledEngine(self, pool)
-
-    @property
-    def progress(self) -> float:
-        """How far the load is: 0 unloaded, 1 loaded; between, the engine's startup stages."""
-        if self.state != LOADING:
-            return 0.0 if self.client is None else 1.0
-        loading = getattr(self.starting, "loading", None) or EngineLoading(stage="processes")
-        if loading.stage == "weights" and loading.total:
-            return 0.1 + 0.8 * loading.done / loading.total
-        return {"processes": 0.05, "kv_cache": 0.9, "ready": 1.0}.get(loading.stage, 0.05)
 
 
 class ModelPool:
@@ -331,7 +295,7 @@ class ModelPool:
         logger.info("model %s: loading (%d of %d loaded)", model.name, len(self.running()), self.max_loaded)
         client = model.starting = self._make_client(model.config)
         try:
-            await _in_thread(client.start, f"load-{model.name}")
+            await in_daemon_thread(client.start, f"load-{model.name}")
         except asyncio.CancelledError:
             model.state = UNLOADED           # `starting` stays: shutdown() stops the engine being started
             raise
@@ -424,28 +388,3 @@ class _Waiter:
 
     def __init__(self, name: str) -> None:
         self.name = name
-
-
-async def _in_thread(fn: Callable[[], object], name: str) -> None:
-    """fn() in a daemon thread (a hung engine start cannot keep the process alive), awaited."""
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def settle(error: BaseException | None) -> None:
-        if not future.done():
-            future.set_result(None) if error is None else future.set_exception(error)
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001  handed to the event loop
-            error = e
-        else:
-            error = None
-        try:
-            loop.call_soon_threadsafe(settle, error)
-        except RuntimeError:        # the loop closed before the thread finished
-            pass
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    await future

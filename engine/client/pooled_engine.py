@@ -1,18 +1,65 @@
-"""PooledEngine: one model of a ModelPool as the frontend's handlers see it — an AsyncEngine whose every
-request acquires the model (loading or waking it first), runs on its engine, and releases it at its end, so
-that the pool never unloads a model with requests in flight."""
+"""One model of a ModelPool: its slot (PooledModel: config, state, running engine, use) and its face to the
+frontend's handlers (PooledEngine: an AsyncEngine whose every request acquires the model, loading or waking
+it first, runs on its engine, and releases it at its end, so that the pool never unloads a model with
+requests in flight)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from engine.client.base import AsyncEngine
 from engine.config import EngineConfig
-from engine.messages import SchedulerStats
+from engine.messages import EngineLoading, SchedulerStats
 from engine.outputs import EngineDeadError
 
 if TYPE_CHECKING:
-    from engine.client.model_pool import ModelPool, PooledModel
+    import asyncio
+
+    from engine.client.model_pool import ModelPool
+
+UNLOADED, LOADING, LOADED, SLEEPING, UNLOADING = "unloaded", "loading", "loaded", "sleeping", "unloading"
+
+
+class UnknownModelError(LookupError):
+    """No model of that name: the message names it and lists those that exist."""
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        listed = ", ".join(f"`{n}`" for n in available) or "none"
+        super().__init__(f"The model `{name}` does not exist; this server serves {listed}.")
+        self.name = name
+
+
+class PooledModel:
+    """One model's slot: its config, its engine while one runs, and what the pool knows about its use."""
+
+    def __init__(self, name: str, config: EngineConfig, pool: ModelPool) -> None:
+        self.name = name
+        self.config = config
+        self.state = UNLOADED
+        self.client: AsyncEngine | None = None      # the running engine (loaded or sleeping)
+        self.starting: AsyncEngine | None = None    # the engine being started (its loading progress)
+        self.busy: asyncio.Task | None = None       # the transition under way: load, unload, sleep, wake
+        self.in_flight = 0
+        self.last_used = 0.0
+        self.sleep_level = 0
+        self.drained_for: object | None = None      # the waiter it is being emptied for: no new requests
+        self.keep_alive_until: float | None = None  # a request's expiry (keep_alive); None: idle_unload_s
+        self.loads = self.unloads = 0
+        self.load_seconds: float | None = None      # the last load's duration
+        self.protected_until = 0.0                  # not unloaded for another model before (just loaded)
+        self.prefetching = False
+        self.engine = PooledEngine(self, pool)
+
+    @property
+    def progress(self) -> float:
+        """How far the load is: 0 unloaded, 1 loaded; between, the engine's startup stages."""
+        if self.state != LOADING:
+            return 0.0 if self.client is None else 1.0
+        loading = getattr(self.starting, "loading", None) or EngineLoading(stage="processes")
+        if loading.stage == "weights" and loading.total:
+            return 0.1 + 0.8 * loading.done / loading.total
+        return {"processes": 0.05, "kv_cache": 0.9, "ready": 1.0}.get(loading.stage, 0.05)
 
 
 class PooledEngine:

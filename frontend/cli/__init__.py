@@ -29,6 +29,7 @@ BENCH_COMMANDS: dict[str, str] = {
     "frontend": "tools.bench_frontend:cli",
     "engine-overhead": "tools.bench_engine_overhead:cli",
     "embed": "tools.bench_embed:cli",
+    "swap": "tools.bench_swap:cli",
 }
 
 

@@ -1,13 +1,14 @@
-"""vLLM's sleep mode on the real processes: level 1 frees the KV cache, level 2 the weights too; waking (or
-a request, which wakes the engine itself) restores them, and greedy output is the same token for token
-before and after; a busy engine refuses to sleep; the startup handshake reports loading progress."""
+"""vLLM's sleep mode on the real processes (through the offline LLM and its EngineClient): level 1 frees the
+KV cache, level 2 the weights too; waking (or a request, which wakes the engine itself) restores them, and
+greedy output is the same token for token before and after; a busy engine refuses to sleep; the startup
+handshake reports loading progress."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine.client.engine_client import EngineClient
-from engine.config import EngineConfig
+from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.engine.hf_models import tiny_model_fixture  # noqa: F401
 
@@ -26,10 +27,15 @@ def generate(client: EngineClient, request_id: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def client(tiny_model):
+def llm(tiny_model):
     path = tiny_model("Qwen3ForCausalLM", max_position_embeddings=256)
-    with EngineClient(EngineConfig(model=str(path), device="cpu", kv_cache_memory=1 << 20)) as client:
-        yield client
+    with LLM(str(path), device="cpu", kv_cache_memory=1 << 20) as llm:
+        yield llm
+
+
+@pytest.fixture
+def client(llm) -> EngineClient:
+    return llm.engine
 
 
 def test_startup_reported_its_progress_and_ended_ready(client):
@@ -37,10 +43,10 @@ def test_startup_reported_its_progress_and_ended_ready(client):
 
 
 @pytest.mark.parametrize("level", [1, 2])
-def test_sleep_then_wake_gives_the_same_tokens(client, level):
+def test_sleep_then_wake_gives_the_same_tokens(llm, client, level):
     before = generate(client, f"before-{level}")
-    assert client.call_sync("sleep", level=level).startswith(f"asleep at level {level}")
-    assert client.call_sync("wake_up") == "awake"
+    assert llm.sleep(level).startswith(f"asleep at level {level}")
+    assert llm.wake_up() == "awake"
     assert generate(client, f"after-{level}") == before
 
 
