@@ -37,7 +37,7 @@ SERVING = re.compile(r"serving (\S+) on (http://\S+)")
 def first_token(url: str, model: str, max_tokens: int, timeout: float = 300.0) -> float:
     """Seconds from sending one streamed chat request to its first token."""
     async def run():
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, headers={"Content-Type": "application/json"}) as client:
             payload = build_payload("chat", model, "Say hello.", max_tokens, ignore_eos=True)
             return await send_request(client, url + "/v1/chat/completions", payload, 0, True, timeout)
 

@@ -7,6 +7,7 @@ model), and metrics labelled by model and engine."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 
 import httpx
@@ -141,3 +142,17 @@ def test_twenty_alternating_gguf_requests_two_at_a_time_all_succeed(server, clie
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         answered = list(pool.map(ask, range(20)))
     assert answered == ["smol", "smol-b"] * 10
+
+
+def test_bench_swap_reports_cold_swap_and_wake_times(server):
+    from click.testing import CliRunner
+
+    from tools.bench_swap import cli
+
+    result = CliRunner().invoke(cli, ["--base-url", server.url, "--models", "demo-a,demo-b", "--rounds", "1",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    for row in ("cold", "warm", "swap", "wake_up (level 1)", "after sleep level 2"):
+        assert report[row]["n"] >= 1 and report[row]["median_s"] > 0, row
+    assert report["swap"]["n"] == 2 and "swap_adds_s" in report
