@@ -17,12 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import signal
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from contextlib import contextmanager
 
@@ -30,8 +25,7 @@ import click
 import httpx
 
 from tools.bench_client import build_payload, send_request
-
-SERVING = re.compile(r"serving (\S+) on (http://\S+)")
+from tools.serve_smoke import ServeProcess
 
 
 def first_token(url: str, model: str, max_tokens: int, timeout: float = 300.0) -> float:
@@ -80,32 +74,13 @@ def run_scenario(url: str, a: str, b: str, rounds: int, max_tokens: int) -> dict
 @contextmanager
 def served(models_dir: str, serve_args: list[str], startup_timeout: float = 300.0):
     """`ringserve serve --models-dir DIR --models-max 1` on a free loopback port: (url, model names)."""
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "serve", "--models-dir", models_dir,
-                             "--models-max", "1", *serve_args, "--host", "127.0.0.1", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    found: dict[str, str] = {}
-    ready = threading.Event()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            match = SERVING.search(line)
-            if match and not found:
-                found.update(models=match.group(1), url=match.group(2))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
+    server = ServeProcess(["--models-dir", models_dir, "--models-max", "1", *serve_args])
     try:
-        if not ready.wait(startup_timeout) or not found:
-            raise click.ClickException("the server did not start")
-        yield found["url"], found["models"].split(",")
+        if not server.wait_ready(startup_timeout):
+            raise click.ClickException("the server did not start:\n" + "".join(server.lines[-20:]))
+        yield server.url, server.model.split(",")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 @click.command("swap")

@@ -24,7 +24,7 @@ import tomllib
 
 import msgspec
 
-from engine.config import ConfigError, EngineConfig
+from engine.config import ConfigError
 from engine.sampling_params import GENERATION_CONFIG_FIELDS
 from frontend.config import ServerConfig
 

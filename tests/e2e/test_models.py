@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
 
 import httpx
 import openai
 import pytest
 
+from tests.e2e.hostile import wait_for
 from tests.e2e.models_dir import make_models_dir
 from tests.e2e.server import ServerProcess
 
@@ -34,14 +34,6 @@ def client(server):
 def states(server) -> dict[str, str]:
     return {m["id"]: m["status"]["value"] for m in httpx.get(server.base_url + "/models").json()["data"]}
 
-
-def wait_for(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def test_every_model_is_listed_with_its_state_and_settings(server, client):

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from engine.models.demo import ensure_demo_model
+from tests.e2e.hostile import wait_for
 from tests.e2e.models_dir import make_models_dir
 from tests.e2e.server import ServerProcess
 
@@ -28,14 +29,6 @@ def rss(pid: int) -> int:
 def shm_entries() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if "ringserve" in name}
 
-
-def wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 @pytest.fixture(scope="module")
