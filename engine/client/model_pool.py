@@ -51,7 +51,7 @@ LOAD_GRACE_S = 5.0                # a just-loaded model is kept this long for th
 
 class ModelPool:
     def __init__(self, configs: dict[str, EngineConfig], *, max_loaded: int | None = None,
-                 idle_unload_s: float | None = None, wait_s: float = 60.0,
+                 idle_unload_s: float | None = None, wait_s: float = 60.0, restart_dead: bool = False,
                  make_client: Callable[[EngineConfig], AsyncEngine] = make_engine_client) -> None:
         if not configs:
             raise ValueError("a model pool needs at least one model")
@@ -61,6 +61,7 @@ class ModelPool:
         self.max_loaded = max_loaded or len(configs)
         self.idle_unload_s = idle_unload_s
         self.wait_s = wait_s
+        self.restart_dead = restart_dead           # a request for a model whose engine died starts it again
         self._make_client = make_client
         self._queue: deque[_Waiter] = deque()       # requests waiting for room, first come first served
         self._changed = asyncio.Event()
@@ -107,6 +108,9 @@ class ModelPool:
                     raise self._closing
                 if model.busy is not None:             # its load, wake, sleep or unload: wait for it
                     await asyncio.shield(model.busy)
+                    continue
+                if self.restart_dead and model.state == LOADED and model.in_flight == 0 and model.client.is_dead:
+                    self._begin(model, self._unload(model, f"its engine died: {model.client.dead_error}"))
                     continue
                 if model.drained_for is None and model.state == LOADED:
                     model.in_flight += 1

@@ -20,7 +20,7 @@ class StandIn:
 
     def __init__(self, config: EngineConfig, log: list, start_s: float = 0.01, fail: bool = False):
         self.config, self.log, self.start_s, self.fail = config, log, start_s, fail
-        self.stats, self.num_unfinished, self.is_dead = SchedulerStats(), 0, False
+        self.stats, self.num_unfinished, self.is_dead, self.dead_error = SchedulerStats(), 0, False, None
 
     def start(self):
         import time
@@ -149,6 +149,21 @@ def test_a_failed_load_is_an_engine_error_and_the_next_request_tries_again():
     pool, log = run(scenario())
     assert pool.model("a").state == UNLOADED and pool.model("a").in_flight == 0
     assert log == [("stop", "a"), ("stop", "a")]          # each failed start was cleaned up
+
+
+def test_a_dead_engine_is_started_again_by_the_next_request_where_the_pool_restarts_them():
+    async def scenario(restart: bool):
+        pool, log = make_pool(("a",), restart_dead=restart)
+        client = await pool.acquire("a")
+        pool.release(pool.model("a"))
+        client.is_dead, client.dead_error = True, "executor 0 died (killed by signal 9)"
+        again = await pool.acquire("a")
+        return again is client, log
+
+    same, log = run(scenario(False))
+    assert same and log == [("start", "a")]              # one model served alone: its death stays visible
+    same, log = run(scenario(True))
+    assert not same and log == [("start", "a"), ("stop", "a"), ("start", "a")]
 
 
 def test_an_unknown_model_is_named_with_the_ones_that_exist():
