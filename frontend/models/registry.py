@@ -11,6 +11,7 @@ decodes the same bytes), finds the `model` in it, and calls that model's handler
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class ServedModels:
         self._build = build
         self._serving: dict[str, ModelServing] = {}
         self._building: dict[str, asyncio.Future] = {}
+        self._build_lock = threading.Lock()
         # a model's tokenizer and template go with its engine (memory back after an unload); the next load
         # builds them again while its engine starts
         pool.on_unload.append(lambda name: self._serving.pop(name, None))
@@ -85,9 +87,10 @@ class ServedModels:
 
     def build(self, name: str) -> ModelServing:
         """Build (once) the model's serving state: tokenizer, chat template, handlers (blocking)."""
-        serving = self._serving.get(name)
-        if serving is None:
-            serving = self._serving[name] = self._build(self.pool.model(name).engine, self.configs[name])
+        with self._build_lock:          # one at a time: transformers' lazy imports race across threads
+            serving = self._serving.get(name)
+            if serving is None:
+                serving = self._serving[name] = self._build(self.pool.model(name).engine, self.configs[name])
         return serving
 
     def built(self) -> list[ModelServing]:
