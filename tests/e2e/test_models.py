@@ -44,6 +44,7 @@ def test_every_model_is_listed_with_its_state_and_settings(server, client):
         assert model.status["value"] in ("unloaded", "loading", "loaded", "sleeping", "unloading")
     if "smol" in listed:
         assert listed["smol"].max_model_len == 2048                  # NAME.toml beside NAME.gguf
+        assert listed["smol-b"].max_model_len == 2048                # its table in DIR/models.toml
     if "qwen3-tiny" in listed:
         assert listed["qwen3-tiny"].max_model_len == 1024            # ringserve.toml inside the directory
 
