@@ -66,7 +66,7 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
     stores: dict = {}            # the Responses API's stores, one per API key, shared by every model
 
     def build(engine: AsyncEngine, model_config: ServerConfig) -> ModelServing:
-        ctx = serving_context(engine, model_config, metrics, events, tokenizer_pool)
+        ctx = serving_context(engine, model_config, metrics, events, tokenizer_pool, pool.names)
         completions, chat = OpenAIServingCompletion(ctx), OpenAIServingChat(ctx)
         tokenization, messages = OpenAIServingTokenization(ctx), AnthropicServingMessages(ctx)
         responses = OpenAIServingResponses(ctx, stores)
@@ -141,7 +141,7 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
 
 
 def serving_context(engine: AsyncEngine, config: ServerConfig, metrics: ServerMetrics, events: RequestEventLog,
-                    tokenizer_pool: ThreadPoolExecutor) -> ServingContext:
+                    tokenizer_pool: ThreadPoolExecutor, model_names: list[str]) -> ServingContext:
     """What one model's handlers share (blocking: it loads the tokenizer)."""
     engine_config = engine.config
     tokenizer = load_tokenizer(engine_config)
@@ -153,7 +153,7 @@ def serving_context(engine: AsyncEngine, config: ServerConfig, metrics: ServerMe
         metrics=metrics.model(engine_config.model_name), events=events, token_strings=TokenStrings(tokenizer),
         chat_template=ChatTemplate.for_tokenizer(tokenizer, config.chat_template), chars_per_token=chars_per_token,
         max_prompt_chars=chars_per_token * engine.max_model_len if chars_per_token else None,
-        local_paths=local_paths(engine_config), tokenizer_pool=tokenizer_pool,
+        local_paths=local_paths(engine_config), tokenizer_pool=tokenizer_pool, model_names=tuple(model_names),
     )
 
 
@@ -197,9 +197,7 @@ class _Handlers:
     def stored_response(self, name: str) -> Endpoint:
         """GET or DELETE /v1/responses/{id}: the stores are every model's, so any model's handler serves it."""
         async def endpoint(request: Request) -> Response:
-            built = self.models.built()
-            serving = built[0] if built else await self.models.serving(self.models.default or self.models.names[0])
-            return await serving.endpoints[name](request)
+            return await (await self.models.any_serving()).endpoints[name](request)
 
         return endpoint
 

@@ -54,6 +54,7 @@ class ServingContext:
     chars_per_token: int | None = None      # the most characters one token covers (engine/client/token_bounds)
     local_paths: dict[str, str] | None = None   # local paths engine errors may name -> what clients see
     tokenizer_pool: ThreadPoolExecutor | None = None   # where long texts are tokenized, a few at a time
+    model_names: tuple[str, ...] = ()       # every model the server serves (a 404 lists them)
 
 
 class OpenAIServing(PromptPreparation):
@@ -82,8 +83,8 @@ class OpenAIServing(PromptPreparation):
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.ctx.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist; this server serves "
-                                f"`{self.ctx.model_name}`.", "model")
+            served = ", ".join(f"`{name}`" for name in self.ctx.model_names or (self.ctx.model_name,))
+            raise ApiError(404, f"The model `{model}` does not exist; this server serves {served}.", "model")
 
     def check_engine(self) -> None:
         if self.engine.is_dead:

@@ -101,10 +101,18 @@ class ServedModels:
         body = await request_body(request, self.config)
         try:
             model = msgspec.json.decode(body, type=_ModelField).model
-        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
-            # the handler's own decoding names what is wrong with the body; any model's handler will do
-            model = None if self.default is not None else self.names[0]
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+            model = ""
+        if model is not None and model not in self.pool.models:
+            # a body that does not parse, or names no model of ours: any model's handler decodes it and says
+            # what is wrong with it first (400), then that the model does not exist (404), as for one model
+            return await self.any_serving()
         return await self.serving(model, prefetch=True)
+
+    async def any_serving(self) -> ModelServing:
+        """A model's serving state, for what is the same for every model (errors, the stored responses)."""
+        built = self.built()
+        return built[0] if built else await self.serving(self.default or self.names[0])
 
     def route(self, name: str) -> Endpoint:
         """The endpoint of route `name`: the handler of the model the request names."""
