@@ -47,6 +47,8 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     models_max: int | None = None            # engines loaded at once (least recently used unloaded first);
                                              # None: as many as there are models
     idle_unload: float | None = None         # seconds unused after which a model's engine stops
+    models_parked: int = 0                   # engines kept asleep at level 2 (processes, no weights) when
+                                             # their model makes room for another: a swap back is a wake
     models_wait: float = 60.0                # seconds a request waits for room before a 503
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     engine_flags: EngineConfig | None = None   # the engine flags as given (not finalized): what the models
@@ -84,6 +86,8 @@ class ServerConfig(msgspec.Struct, kw_only=True):
                               f"got {self.reasoning_field!r}")
         if self.models_max is not None and self.models_max < 1:
             raise ConfigError(f"models_max must be at least 1, got {self.models_max}")
+        if self.models_parked < 0:
+            raise ConfigError(f"models_parked must be >= 0, got {self.models_parked}")
         for name in ("idle_unload", "models_wait"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

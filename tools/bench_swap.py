@@ -8,7 +8,8 @@ One request at a time, streamed, each timed to its first token:
 - after sleep level 1 and 2: a request to a sleeping model (it wakes first); and the wake alone
   (POST /wake_up), beside the cold load it spares.
 
-    ringserve bench swap --models-dir DIR [--models A,B]     # starts `ringserve serve` on a free port
+    ringserve bench swap --models-dir DIR [--models A,B] [--serve-arg=--models-parked --serve-arg=1]
+                                                              # starts `ringserve serve` on a free port
     ringserve bench swap --base-url URL --models A,B          # a server that runs with --models-max 1
     python -m tools.bench_swap ...
 """

@@ -52,6 +52,7 @@ LOAD_GRACE_S = 5.0                # a just-loaded model is kept this long for th
 class ModelPool:
     def __init__(self, configs: dict[str, EngineConfig], *, max_loaded: int | None = None,
                  idle_unload_s: float | None = None, wait_s: float = 60.0, restart_dead: bool = False,
+                 max_parked: int = 0,
                  make_client: Callable[[EngineConfig], AsyncEngine] = make_engine_client) -> None:
         if not configs:
             raise ValueError("a model pool needs at least one model")
@@ -62,6 +63,7 @@ class ModelPool:
         self.idle_unload_s = idle_unload_s
         self.wait_s = wait_s
         self.restart_dead = restart_dead           # a request for a model whose engine died starts it again
+        self.max_parked = max_parked               # models made room for are parked (asleep at level 2), this many
         self._make_client = make_client
         self._queue: deque[_Waiter] = deque()       # requests waiting for room, first come first served
         self._changed = asyncio.Event()
@@ -117,16 +119,16 @@ class ModelPool:
                     model.last_used = time.monotonic()
                     model.protected_until = 0.0
                     return model.client
-                if model.drained_for is None and model.state == SLEEPING:
-                    self._begin(model, self._wake(model))
+                if model.drained_for is None and model.state == SLEEPING and model.sleep_level < 2:
+                    self._begin(model, self._wake(model))          # its weights are in: no room needed
                     continue
-                if model.state == UNLOADED:
+                if model.state == UNLOADED or (model.state == SLEEPING and model.drained_for is None):
                     if waiter is None:
                         waiter = _Waiter(name)
                         self._queue.append(waiter)
                     if self._queue[0] is waiter and self._make_room(waiter):
                         self._queue.popleft()
-                        self._begin(model, self._load(model))
+                        self._begin(model, self._wake(model) if model.state == SLEEPING else self._load(model))
                         continue
                 await self._wait_change(deadline, name)
         finally:
@@ -174,9 +176,9 @@ class ModelPool:
         return model.last_used + self.idle_unload_s if self.idle_unload_s else None
 
     def _make_room(self, waiter: _Waiter) -> bool:
-        """True when one more engine may start; else start freeing a slot (unload the least recently used
-        idle model, or drain the least recently used busy one) and return False."""
-        occupied = self._occupied()
+        """True when one more model's weights may come in; else start freeing a slot (park or unload the least
+        recently used idle model, or drain the least recently used busy one) and return False."""
+        occupied = [m for m in self.models.values() if self._holds_slot(m)]
         if len(occupied) < self.max_loaded:
             return True
         now = time.monotonic()
@@ -185,8 +187,9 @@ class ModelPool:
         idle = [m for m in candidates if m.in_flight == 0]
         if idle:
             victim = min(idle, key=lambda m: m.last_used)
-            self._begin(victim, self._unload(victim, f"to make room for {waiter.name}"))
-            return len(self._occupied()) < self.max_loaded      # a CPU engine's exit frees its slot at once
+            why = f"to make room for {waiter.name}"
+            self._begin(victim, self._park(victim, why) if self.max_parked else self._unload(victim, why))
+            return sum(1 for m in self.models.values() if self._holds_slot(m)) < self.max_loaded
         if candidates and not any(m.drained_for is not None for m in candidates):
             victim = min(candidates, key=lambda m: m.last_used)
             victim.drained_for = waiter
@@ -194,12 +197,18 @@ class ModelPool:
                         victim.name, victim.in_flight, waiter.name)
         return False
 
-    def _occupied(self) -> list[PooledModel]:
-        """The models that hold a slot: up, starting, or stopping. A CPU engine that is stopping holds none:
-        its processes are exiting (their memory is back in a moment, well before a new engine's weights are
-        in), so a swap overlaps the old engine's exit with the new one's start. A GPU's must be free first."""
-        return [m for m in self.models.values() if (m.state != UNLOADED or m.busy is not None)
-                and not (m.state == UNLOADING and m.config.resolved_device == "cpu")]
+    @staticmethod
+    def _holds_slot(m: PooledModel) -> bool:
+        """Whether the model's weights take one of the --models-max slots: up, starting or waking, or stopping
+        on a GPU. A CPU engine that is stopping or parking holds none: its memory is back in a moment, well
+        before the next model's weights are in, so a swap overlaps the two. A model asleep at level 2 (parked)
+        holds none: it keeps its processes, not its weights."""
+        if m.state == UNLOADED and m.busy is None:
+            return False
+        if m.state == SLEEPING and m.sleep_level >= 2 and m.busy is None:
+            return False
+        stopping = m.state == UNLOADING or m.parking
+        return not (stopping and m.config.resolved_device == "cpu")
 
     def _forget(self, waiter: _Waiter) -> None:
         if waiter in self._queue:
@@ -322,12 +331,29 @@ class ModelPool:
         try:
             await client.shutdown()
         finally:
-            model.client, model.state, model.sleep_level = None, UNLOADED, 0
+            model.client, model.state, model.sleep_level, model.parked = None, UNLOADED, 0, False
             model.drained_for = model.keep_alive_until = None
             model.unloads += 1
             for listener in self.on_unload:
                 listener(model.name)
         logger.info("model %s: unloaded (%s) in %.2f s", model.name, why, time.monotonic() - started)
+
+    async def _park(self, model: PooledModel, why: str) -> None:
+        """Make room by putting the model to sleep at level 2 (weights and KV cache dropped, processes kept),
+        so that coming back costs a wake, not a start; beyond max_parked, the least recently used parked
+        model is unloaded."""
+        model.parking = True
+        try:
+            await self._sleep(model, 2)
+            model.parked = True
+        finally:
+            model.parking = False
+        logger.info("model %s: parked (%s)", model.name, why)
+        wanted = {waiter.name for waiter in self._queue}         # a model a request waits for stays parked
+        parked = sorted((m for m in self.models.values() if m.parked and m.state == SLEEPING
+                         and (m is model or m.busy is None) and m.name not in wanted), key=lambda m: m.last_used)
+        for extra in parked[:max(len(parked) - self.max_parked, 0)]:
+            self._begin(extra, self._unload(extra, f"--models-parked {self.max_parked}"))
 
     async def _sleep(self, model: PooledModel, level: int) -> None:
         result = await model.client.call("sleep", level=level)
@@ -337,7 +363,7 @@ class ModelPool:
     async def _wake(self, model: PooledModel) -> None:
         started = time.monotonic()
         await model.client.call("wake_up")
-        model.state, model.sleep_level = LOADED, 0
+        model.state, model.sleep_level, model.parked = LOADED, 0, False
         logger.info("model %s: awake in %.3f s", model.name, time.monotonic() - started)
 
     # ------------------------------------------------------------------ idle unload and shutdown

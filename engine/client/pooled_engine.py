@@ -49,6 +49,8 @@ class PooledModel:
         self.load_seconds: float | None = None      # the last load's duration
         self.protected_until = 0.0                  # not unloaded for another model before (just loaded)
         self.prefetching = False
+        self.parking = False                        # being put to sleep at level 2 to make room
+        self.parked = False                         # asleep at level 2 because room was made (not asked to)
         self.engine = PooledEngine(self, pool)
 
     @property

@@ -20,7 +20,7 @@ SERVER_FIELDS = ("host", "port", "allowed_origins", "allowed_hosts", "body_read_
                  "chat_template", "shutdown_timeout", "enable_access_log", "log_level", "profile_dir",
                  "responses_store_max_entries", "responses_store_ttl", "enable_auto_tool_choice",
                  "tool_call_parser", "exclude_tools_when_tool_choice_none", "reasoning_parser", "reasoning_field",
-                 "default_chat_template_kwargs", "models_dir", "models_max", "idle_unload", "models_wait")
+                 "default_chat_template_kwargs", "models_dir", "models_max", "idle_unload", "models_wait", "models_parked")
 
 
 def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
@@ -78,6 +78,9 @@ def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
                    "(default: no limit).")
 @click.option("--idle-unload", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Unload a model nobody has used for this long (default: never).")
+@click.option("--models-parked", type=click.IntRange(min=0), default=0,
+              help="Models that make room for another are parked this many at most: asleep at level 2 (their "
+                   "processes kept, weights and KV cache freed), so that switching back is a wake, not a start.")
 @click.option("--models-wait", type=click.FloatRange(min=0, min_open=True), default=60.0, metavar="SECONDS",
               help="How long a request waits for room (--models-max) before a 503 with Retry-After.")
 @engine_options

@@ -166,6 +166,24 @@ def test_a_dead_engine_is_started_again_by_the_next_request_where_the_pool_resta
     assert not same and log == [("start", "a"), ("stop", "a"), ("start", "a")]
 
 
+def test_parked_models_make_room_by_sleeping_and_come_back_with_a_wake():
+    """--models-parked 1: the model that makes room sleeps at level 2 (its slot freed, its processes kept); a
+    request for it wakes it (making room in turn); a second parked model unloads the older one."""
+    async def scenario():
+        pool, log = make_pool(max_loaded=1, max_parked=1)
+        for name in ("a", "b", "a", "c"):
+            await pool.acquire(name)
+            pool.release(pool.model(name))
+            await asyncio.sleep(0.02)
+        return pool, log
+
+    pool, log = run(scenario())
+    assert log[:6] == [("start", "a"), ("sleep", "a"), ("start", "b"), ("sleep", "b"), ("wake_up", "a"),
+                       ("sleep", "a")]
+    assert sorted(log[6:]) == [("start", "c"), ("stop", "b")]     # c starts while b, parked longest, goes
+    assert [pool.model(n).state for n in "abc"] == [SLEEPING, UNLOADED, LOADED]
+
+
 def test_an_unknown_model_is_named_with_the_ones_that_exist():
     pool, _ = make_pool(("a", "b"))
     with pytest.raises(UnknownModelError, match="`nope` does not exist; this server serves `a`, `b`"):
