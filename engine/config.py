@@ -472,7 +472,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if declared not in ("float32", "bfloat16", "float16"):
             declared = "float32"
         if self.resolved_device == "cpu" and declared == "float16" and not cpu_half_kernels_possible():
-            return "float32"     # without kernels/cpu_avx2, fp16 matmuls on the CPU are slow and lossy
+            return "float32"     # without kernels/cpu/ops, fp16 matmuls on the CPU are slow and lossy
         return declared
 
     def _resolve_quantization(self) -> str:
@@ -518,7 +518,7 @@ def _model_max_len(hf: dict) -> int:
 
 
 def cpu_half_kernels_possible() -> bool:
-    """Whether kernels/cpu_avx2 (fast 16-bit weights on the CPU, float32 arithmetic) can run here: x86 with
+    """Whether kernels/cpu/ops (fast 16-bit weights on the CPU, float32 arithmetic) can run here: x86 with
     AVX2, FMA and F16C, a C compiler, and not RINGSERVE_CPU_KERNELS=0. The same test as the kernels' own,
     made here without importing torch (the engine root may not import kernels/); should their build still
     fail, a 16-bit model runs on the CPU through the slower torch path, with the same numbers."""

@@ -1,7 +1,7 @@
 """create_app: the starlette application over the served models (a pool of engines, or one engine client):
-each API package's handlers on their routes (openai/, anthropic/, responses/), built per model and reached
-through the models' one accessor (frontend/models/registry.py), the models' lifecycle routes, the small
-routes, the middleware.
+each API package's handlers on their routes (openai/, anthropic/, responses/, ollama/), built per model and
+reached through the models' one accessor (frontend/models/registry.py), the models' lifecycle routes, the
+chat page (web/), the small routes, the middleware.
 
 Building the app starts nothing; the busy-log task runs in the app's lifespan, i.e. while a server runs it.
 """
@@ -41,6 +41,7 @@ from frontend.middleware import ServerMiddleware
 from frontend.models.catalog import Catalog
 from frontend.models.registry import Endpoint, ModelServing, ServedModels
 from frontend.models.routes import ModelRoutes
+from frontend.ollama.handlers import OllamaServing
 from frontend.openai.chat import OpenAIServingChat
 from frontend.openai.completions import OpenAIServingCompletion
 from frontend.openai.logprobs import TokenStrings
@@ -48,6 +49,7 @@ from frontend.openai.tokenize import OpenAIServingTokenization
 from frontend.openapi import openapi_document
 from frontend.responses.handlers import OpenAIServingResponses
 from frontend.serving_engine import ServingContext
+from frontend.web.page import WebPage
 
 logger = logging.getLogger("ringserve.server")
 TOKENIZER_THREADS = 2       # long prompts tokenized at once (each holds memory in proportion to its length)
@@ -70,12 +72,15 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
         completions, chat = OpenAIServingCompletion(ctx), OpenAIServingChat(ctx)
         tokenization, messages = OpenAIServingTokenization(ctx), AnthropicServingMessages(ctx)
         responses = OpenAIServingResponses(ctx, stores)
+        ollama = OllamaServing(ctx)
         return ModelServing(ctx, {
             "completions": completions.create_completion, "chat": chat.create_chat_completion,
             "messages": messages.create_message, "count_tokens": messages.count_tokens,
             "responses": responses.create_response, "get_response": responses.get_response,
             "delete_response": responses.delete_response, "tokenize": tokenization.create_tokenize,
-            "detokenize": tokenization.create_detokenize,
+            "detokenize": tokenization.create_detokenize, "ollama_chat": ollama.chat_route,
+            "ollama_generate": ollama.generate_route, "ollama_show": ollama.show, "ollama_tags": ollama.tags,
+            "ollama_ps": ollama.ps, "ollama_version": ollama.version, "ollama_refuse": ollama.refuse,
         })
 
     models = ServedModels(pool, catalog.models, catalog.start_model, build=build, config=config)
@@ -83,6 +88,7 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
         if pool.models[name].client is not None:
             models.build(name)           # a running model's tokenizer and template, before the ready line
     lifecycle = ModelRoutes(models)
+    page = WebPage(config.web_ui)
     handlers = _Handlers(models, metrics, events, config)
     route = models.route
     routes = [
@@ -91,8 +97,8 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
         Route("/v1/messages", route("messages"), methods=["POST"]),
         Route("/v1/messages/count_tokens", route("count_tokens"), methods=["POST"]),
         Route("/v1/responses", route("responses"), methods=["POST"]),
-        Route("/v1/responses/{response_id}", handlers.stored_response("get_response"), methods=["GET"]),
-        Route("/v1/responses/{response_id}", handlers.stored_response("delete_response"), methods=["DELETE"]),
+        Route("/v1/responses/{response_id}", handlers.any_model("get_response"), methods=["GET"]),
+        Route("/v1/responses/{response_id}", handlers.any_model("delete_response"), methods=["DELETE"]),
         Route("/v1/models", lifecycle.list_models, methods=["GET"]),
         Route("/models/load", lifecycle.load, methods=["POST"]),
         Route("/models/unload", lifecycle.unload, methods=["POST"]),
@@ -107,6 +113,18 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
         Route("/start_profile", handlers.start_profile, methods=["POST"]),
         Route("/stop_profile", handlers.stop_profile, methods=["POST"]),
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
+        Route("/api/chat", route("ollama_chat"), methods=["POST"]),
+        Route("/api/generate", route("ollama_generate"), methods=["POST"]),
+        Route("/api/tags", handlers.any_model("ollama_tags"), methods=["GET"]),
+        Route("/api/show", route("ollama_show"), methods=["POST"]),
+        Route("/api/ps", handlers.any_model("ollama_ps"), methods=["GET"]),
+        Route("/api/version", handlers.any_model("ollama_version"), methods=["GET"]),
+        Route("/api/pull", handlers.any_model("ollama_refuse"), methods=["POST"]),
+        Route("/api/push", handlers.any_model("ollama_refuse"), methods=["POST"]),
+        Route("/api/create", handlers.any_model("ollama_refuse"), methods=["POST"]),
+        Route("/api/copy", handlers.any_model("ollama_refuse"), methods=["POST"]),
+        Route("/api/delete", handlers.any_model("ollama_refuse"), methods=["DELETE"]),
+        *page.routes(),
     ]
     middleware = []
     if config.allowed_origins:
@@ -114,7 +132,8 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
                                      allow_headers=["*"], expose_headers=["x-request-id"]))
     middleware.append(Middleware(ServerMiddleware, api_keys=config.api_keys, max_header_bytes=config.max_header_bytes,
                                  listen_host=config.host, allowed_hosts=config.allowed_hosts,
-                                 max_concurrent_requests=config.max_concurrent_requests))
+                                 max_concurrent_requests=config.max_concurrent_requests,
+                                 public_paths=page.public_paths))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -137,6 +156,7 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
         HTTPException: _http_error, Exception: _internal_error,
     })
     app.state.models = models
+    app.state.web_page_path = page.path
     return app
 
 
@@ -176,7 +196,7 @@ class _Handlers:
 
     def __init__(self, models: ServedModels, metrics: ServerMetrics, events: RequestEventLog, config: ServerConfig):
         self.models, self.server_metrics, self.events, self.config = models, metrics, events, config
-        self._openapi = orjson.dumps(openapi_document(version(), models.names))
+        self._openapi = orjson.dumps(openapi_document(version(), models.names, config.web_ui))
 
     async def health(self, request: Request) -> Response:
         for model in self.models.pool.running():
@@ -194,8 +214,9 @@ class _Handlers:
     async def version(self, request: Request) -> Response:
         return json_response({"version": version()})
 
-    def stored_response(self, name: str) -> Endpoint:
-        """GET or DELETE /v1/responses/{id}: the stores are every model's, so any model's handler serves it."""
+    def any_model(self, name: str) -> Endpoint:
+        """A route that names no model (a stored response, Ollama's lists): any model's handler serves it, as
+        what it reads is the server's (the response stores, the pool of models)."""
         async def endpoint(request: Request) -> Response:
             return await (await self.models.any_serving()).endpoints[name](request)
 

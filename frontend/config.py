@@ -50,6 +50,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     models_parked: int = 0                   # engines kept asleep at level 2 (processes, no weights) when
                                              # their model makes room for another: a swap back is a wake
     models_wait: float = 60.0                # seconds a request waits for room before a 503
+    web_ui: bool = True                      # the chat page at / (--no-web-ui: off)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     engine_flags: EngineConfig | None = None   # the engine flags as given (not finalized): what the models
                                                # of models_dir start from, under their settings files

@@ -1,6 +1,7 @@
 """Errors with their HTTP status, in the shape of the API that was called: OpenAI's
 {"error": {"message", "type", "param", "code"}} everywhere but under /v1/messages, where Anthropic clients
-expect {"type": "error", "error": {"type", "message"}}."""
+expect {"type": "error", "error": {"type", "message"}}, and under /api/, where Ollama clients expect
+{"error": "message"}."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ ANTHROPIC_ERROR_TYPES = {
     503: "overloaded_error",
 }
 ANTHROPIC_PATH = "/v1/messages"
+OLLAMA_PREFIX = "/api/"
 
 
 class ApiError(Exception):
@@ -82,6 +84,13 @@ def anthropic_error_body(status: int, message: str, param: str | None = None) ->
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
+def ollama_error_body(status: int, message: str, param: str | None = None) -> dict:
+    """Ollama's error shape is one string: the message names the field."""
+    if param and param not in message:
+        message = f"{param}: {message}"
+    return {"error": message}
+
+
 def is_anthropic_path(path: str) -> bool:
     return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
 
@@ -90,6 +99,8 @@ def error_body_for(path: str, status: int, message: str, param: str | None = Non
     """The error body in the shape of the API that `path` belongs to."""
     if is_anthropic_path(path):
         return anthropic_error_body(status, message, param)
+    if path.startswith(OLLAMA_PREFIX):
+        return ollama_error_body(status, message, param)
     return error_body(status, message, param)
 
 

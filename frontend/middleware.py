@@ -5,8 +5,9 @@
 3. The Host header (DNS rebinding: a web page whose name resolves to 127.0.0.1 sends its own name): a server
    listening on a loopback address accepts only loopback names (localhost, *.localhost, 127.x.y.z, [::1])
    plus `--allowed-hosts`; one listening elsewhere accepts any unless `--allowed-hosts` narrows it. 403.
-4. The API key, on every route but /health: "Authorization: Bearer KEY" (OpenAI clients) or "x-api-key: KEY"
-   (Anthropic clients), compared in constant time with every configured key. 401. The matching key's index
+4. The API key, on every route but /health and the chat page's static files (`public_paths`: the page asks
+   for the key and sends it with each API request): "Authorization: Bearer KEY" (OpenAI and Ollama clients)
+   or "x-api-key: KEY" (Anthropic clients), compared in constant time with every configured key. 401. The matching key's index
    goes into the scope (SCOPE_API_KEY), for what is kept per key (the Responses store).
 5. A request body that is not JSON (CSRF: a browser sends text/plain, form and multipart bodies cross-site
    without asking first): 415 unless the Content-Type is application/json or */*+json. Bodyless requests
@@ -37,8 +38,9 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 class ServerMiddleware:
     def __init__(self, app: ASGIApp, api_keys: list[str] | None = None, max_header_bytes: int = 16 * 1024,
                  listen_host: str = "127.0.0.1", allowed_hosts: list[str] | None = None,
-                 max_concurrent_requests: int = 1024):
+                 max_concurrent_requests: int = 1024, public_paths: frozenset[str] = frozenset()):
         self.app = app
+        self._keyless = OPEN_PATHS | public_paths
         keys = api_keys or []
         self._bearers = [f"Bearer {key}".encode() for key in keys]
         self._keys = [key.encode() for key in keys]
@@ -87,7 +89,7 @@ class ServerMiddleware:
                           "loopback address and answers only to loopback names; start it with --allowed-hosts "
                           "to accept others")
             return
-        if self._keys and path not in OPEN_PATHS:
+        if self._keys and path not in self._keyless:
             key_index = self._key_index(authorization, api_key)
             if key_index is None:
                 await _refuse(send_with_id, path, 401, "invalid or missing API key: send "

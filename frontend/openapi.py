@@ -2,8 +2,9 @@
 
 Request bodies are the Structs the handlers decode with (msgspec.json.schema_components), so the document
 cannot drift from what the server accepts. Response bodies are described by the small hand-written schemas
-below: the keys clients rely on, each object open to more. Errors are in OpenAI's shape, and in Anthropic's
-under /v1/messages. A test fuzzes the server with schemathesis against this document.
+below: the keys clients rely on, each object open to more. Errors are in OpenAI's shape, in Anthropic's
+under /v1/messages and in Ollama's under /api/. A test fuzzes the server with schemathesis against this
+document.
 """
 
 from __future__ import annotations
@@ -15,6 +16,13 @@ import msgspec
 from frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from frontend.chat.protocol import ChatCompletionRequest
 from frontend.models.routes import ModelRequest
+from frontend.ollama.protocol import (
+    OllamaChatRequest,
+    OllamaCopyRequest,
+    OllamaGenerateRequest,
+    OllamaModelRequest,
+    OllamaShowRequest,
+)
 from frontend.openai.protocol import CompletionRequest, DetokenizeRequest, TokenizeRequest
 from frontend.responses.protocol import ResponsesRequest
 
@@ -64,6 +72,17 @@ RESPONSE_SCHEMAS = {
     "Version": _obj({"version": STR}),
     "Sleeping": _obj({"is_sleeping": BOOL}),
     "Object": OBJ,
+    "OllamaError": _obj({"error": STR}),
+    "OllamaChat": _obj({"model": STR, "created_at": STR, "done": BOOL,
+                        "message": _obj({"role": STR, "content": STR})}, done_reason=STR, total_duration=INT,
+                       eval_count=INT),
+    "OllamaGenerate": _obj({"model": STR, "created_at": STR, "done": BOOL, "response": STR}, done_reason=STR,
+                           context={"type": "array", "items": INT}, total_duration=INT, eval_count=INT),
+    "OllamaTags": _obj({"models": {"type": "array", "items": _obj({"name": STR, "model": STR, "details": OBJ})}}),
+    "OllamaShow": _obj({"details": OBJ, "model_info": OBJ, "capabilities": {"type": "array", "items": STR}},
+                       template=STR, modelfile=STR, parameters=STR),
+    "OllamaPs": _obj({"models": {"type": "array", "items": _obj({"name": STR, "model": STR, "expires_at": STR,
+                                                                "context_length": INT})}}),
     # One server-sent event (schemathesis checks each event of a stream against it).
     "OpenAIEvent": _obj({"data": STR}, event=STR),
     "AnthropicEvent": _obj({"data": STR, "event": {"enum": [
@@ -73,6 +92,7 @@ RESPONSE_SCHEMAS = {
 }
 EVENT_SCHEMAS = {"/v1/messages": "AnthropicEvent", "/v1/responses": "ResponsesEvent"}
 SLEEP_PATHS = ("/sleep", "/wake_up", "/is_sleeping")
+NDJSON = "application/x-ndjson"          # Ollama's streams: one JSON object a line
 
 
 @dataclass(frozen=True)
@@ -84,6 +104,7 @@ class Operation:
     response: str | None = None          # a RESPONSE_SCHEMAS name; None: no JSON body
     streams: bool = False                # "stream": true answers with server-sent events
     media_type: str = "application/json"
+    public: bool = False                 # reachable without the API key (the page's files)
 
 
 OPERATIONS = [
@@ -110,12 +131,39 @@ OPERATIONS = [
     Operation("POST", "/start_profile", "Start a profile (with --profile-dir)", None, "Object"),
     Operation("POST", "/stop_profile", "Stop the profile", None, "Object"),
     Operation("GET", "/openapi.json", "This document", None, "Object"),
+    Operation("POST", "/api/chat", "Chat (Ollama); streams NDJSON unless \"stream\": false", OllamaChatRequest,
+              "OllamaChat", True),
+    Operation("POST", "/api/generate", "Generate (Ollama); streams NDJSON unless \"stream\": false",
+              OllamaGenerateRequest, "OllamaGenerate", True),
+    Operation("GET", "/api/tags", "The served model (Ollama)", None, "OllamaTags"),
+    Operation("POST", "/api/show", "The served model's details (Ollama)", OllamaShowRequest, "OllamaShow"),
+    Operation("GET", "/api/ps", "The loaded model (Ollama)", None, "OllamaPs"),
+    Operation("GET", "/api/version", "The Ollama API version these routes follow", None, "Version"),
+    Operation("POST", "/api/pull", "Refused: no downloads (Ollama)", OllamaModelRequest),
+    Operation("POST", "/api/push", "Refused: no uploads (Ollama)", OllamaModelRequest),
+    Operation("POST", "/api/create", "Refused: no model creation (Ollama)", OllamaModelRequest),
+    Operation("POST", "/api/copy", "Refused: no model copies (Ollama)", OllamaCopyRequest),
+    Operation("DELETE", "/api/delete", "Refused: models are not deleted (Ollama)", OllamaModelRequest),
 ]
+# The chat page (absent with --no-web-ui, where / answers in plain text).
+PAGE_OPERATIONS = [
+    Operation("GET", "/", "The chat page", media_type="text/html", public=True),
+    Operation("GET", "/web/app.js", "The chat page's script", media_type="text/javascript", public=True),
+    Operation("GET", "/web/markdown.js", "The chat page's Markdown renderer", media_type="text/javascript", public=True),
+    Operation("GET", "/web/style.css", "The chat page's style sheet", media_type="text/css", public=True),
+]
+ROOT_OPERATION = Operation("GET", "/", "Says that the server runs", media_type="text/plain", public=True)
 
 
-def openapi_document(version: str, model_names: list[str]) -> dict:
+def operations(web_ui: bool) -> list[Operation]:
+    """Every route of an app with (or without) the chat page."""
+    return OPERATIONS + (PAGE_OPERATIONS if web_ui else [ROOT_OPERATION])
+
+
+def openapi_document(version: str, model_names: list[str], web_ui: bool = True) -> dict:
     """The document; `model` fields name the models this server serves (any other name is a 404)."""
-    requests = [op.request for op in OPERATIONS if op.request is not None]
+    documented = operations(web_ui)
+    requests = [op.request for op in documented if op.request is not None]
     refs, components = msgspec.json.schema_components(requests, ref_template=REF)
     for name in {request.__name__ for request in requests}:
         properties = components[name]["properties"]
@@ -129,11 +177,11 @@ def openapi_document(version: str, model_names: list[str]) -> dict:
         raise RuntimeError(f"response schema names clash with request types: {clashes}")
     components.update(RESPONSE_SCHEMAS)
     paths: dict[str, dict] = {}
-    for op in OPERATIONS:
+    for op in documented:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, body_refs.get(op.request))
     return {"openapi": "3.1.0",
             "info": {"title": "ringserve", "version": version,
-                     "description": "OpenAI- and Anthropic-compatible LLM serving"},
+                     "description": "OpenAI-, Anthropic- and Ollama-compatible LLM serving"},
             "paths": paths, "components": {"schemas": components,
                                            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
                                                                "apiKey": {"type": "apiKey", "in": "header",
@@ -141,13 +189,17 @@ def openapi_document(version: str, model_names: list[str]) -> dict:
 
 
 def _operation(op: Operation, body_ref: dict | None) -> dict:
-    error = {"$ref": REF.format(name="AnthropicError" if op.path.startswith("/v1/messages") else "OpenAIError")}
+    error_name = "AnthropicError" if op.path.startswith("/v1/messages") else \
+        "OllamaError" if op.path.startswith("/api/") else "OpenAIError"
+    error = {"$ref": REF.format(name=error_name)}
     ok: dict = {"description": "OK"}
     if op.response is not None:
         ok["content"] = {op.media_type: {"schema": {"$ref": REF.format(name=op.response)}}}
     elif op.media_type != "application/json":
         ok["content"] = {op.media_type: {"schema": STR}}
-    if op.streams:
+    if op.streams and op.path.startswith("/api/"):
+        ok["content"][NDJSON] = {"schema": {"$ref": REF.format(name=op.response)}}     # each line
+    elif op.streams:
         event = EVENT_SCHEMAS.get(op.path, "OpenAIEvent")
         ok["content"]["text/event-stream"] = {"schema": {"$ref": REF.format(name=event)}}
     out = {"summary": op.summary, "operationId": f"{op.method.lower()} {op.path}",
@@ -164,6 +216,6 @@ def _operation(op: Operation, body_ref: dict | None) -> dict:
         if op.path == "/sleep":
             out["parameters"].append({"name": "level", "in": "query", "required": False,
                                       "schema": {"enum": ["1", "2"]}})
-    if op.path != "/health":
+    if op.path != "/health" and not op.public:
         out["security"] = [{}, {"bearer": []}, {"apiKey": []}]
     return out

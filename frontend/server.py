@@ -53,7 +53,7 @@ async def _serve(config: ServerConfig, engine_client) -> None:
         first = iter([engine_client] if engine_client is not None else [])
         pool = ModelPool({name: model.engine for name, model in served.models.items()},
                          max_loaded=config.models_max, idle_unload_s=config.idle_unload, wait_s=config.models_wait,
-                         restart_dead=config.models_dir is not None, max_parked=config.models_parked,
+                         on_demand=config.models_dir is not None, max_parked=config.models_parked,
                          make_client=lambda engine: next(first, None) or make_engine_client(engine))
         start = served.start_model
         if start is not None:

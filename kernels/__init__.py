@@ -3,12 +3,12 @@
 The functions here dispatch on the tensor's device: a CUDA tensor goes to the Triton kernel when one is
 available (set RINGSERVE_KERNELS=torch to force the references), anything else to the reference, except
 RMSNorm and SiLU-and-mul on the CPU tensors of 16-bit models (float32 activations, 16-bit weights; a bf16
-SwiGLU gate where AVX-512 BF16 makes bf16 native), which go to kernels/cpu_avx2's one-pass versions. The
+SwiGLU gate where AVX-512 BF16 makes bf16 native), which go to kernels/cpu/ops's one-pass versions. The
 signatures of each pair are identical; tests compare them over grids of shapes. The Triton modules
 (kernels/triton_*.py) are imported only when a CUDA tensor first arrives, so CPU runs never import triton.
 
 Quantized weights (kernels/gguf_blocks.QuantizedWeight, a GGUF file's blocks): `prepare_quantized` gives
-the form each device multiplies, kernels/cpu_quant's C kernels on the CPU, the Triton dequantize-in-the-GEMM
+the form each device multiplies, kernels/cpu/quant's C kernels on the CPU, the Triton dequantize-in-the-GEMM
 kernel on CUDA, the torch reference (dequantize, then matmul) elsewhere.
 """
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 
-from kernels import cpu_avx2, cpu_quant
+from kernels.cpu import ops as cpu_ops
+from kernels.cpu import quant as cpu_quant
 from kernels.activation import silu_and_mul_torch
 from kernels.gguf_blocks import QuantizedWeight
 from kernels.kv_cache import write_kv_cache_torch
@@ -69,8 +70,8 @@ def rms_norm(x, weight, eps: float, residual=None):
         from kernels.triton_rms_norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, residual)
-    if not x.is_cuda and cpu_avx2.takes_rms_norm(x, weight, residual):
-        return cpu_avx2.rms_norm(x, weight, eps, residual)
+    if not x.is_cuda and cpu_ops.takes_rms_norm(x, weight, residual):
+        return cpu_ops.rms_norm(x, weight, eps, residual)
     return rms_norm_torch(x, weight, eps, residual)
 
 
@@ -79,8 +80,8 @@ def silu_and_mul(x):
         from kernels.triton_activation import silu_and_mul_triton
 
         return silu_and_mul_triton(x)
-    if not x.is_cuda and cpu_avx2.takes_silu_and_mul(x):
-        return cpu_avx2.silu_and_mul(x)
+    if not x.is_cuda and cpu_ops.takes_silu_and_mul(x):
+        return cpu_ops.silu_and_mul(x)
     return silu_and_mul_torch(x)
 
 

@@ -12,7 +12,7 @@ Every type with a kernel here is, per group of values, weight = scale * code + o
     Q5_K       256        176     32   5 bits          d * sc_j       -dmin * m_j
     Q6_K       256        210     16   6 bits          d * sc_g       -32 d * sc_g     (int8 sc_g)
 
-which is how llama.cpp's ggml-quants defines them (read, not copied). The CPU kernels (kernels/cpu_quant.c)
+which is how llama.cpp's ggml-quants defines them (read, not copied). The CPU kernels (kernels/cpu/quant.c)
 decode the same codes, scales and offsets; the GPU kernel (kernels/triton_quant_matmul.py) takes them
 repacked. `quant_matmul_torch` (dequantize, then a float32 matmul) is the reference both are tested against;
 `dequantize` is checked against the gguf package's own.
@@ -202,4 +202,4 @@ class QuantizedWeight:
         return dequantize(raw[ids.to(raw.device)], type_id, self.in_features).to(ids.device)
 
 
-MAX_PARTS = 4          # kernels/cpu_kernels.h WEIGHT_PARTS
+MAX_PARTS = 4          # kernels/cpu/kernels.h WEIGHT_PARTS

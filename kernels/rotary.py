@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from kernels import cpu_avx2
+from kernels.cpu import ops as cpu_ops
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None) -> torch.Tensor:
@@ -68,9 +68,9 @@ def rope_rows(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> torch.Ten
 def rotate_with_rows(rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x [T, H, D] rotated by rope_rows(...) [2, T, 1, D]: the same products and sums as _rotate, in fewer
     operations (the halves are swapped by a flip of a [.., 2, D/2] view); float32 CPU tensors take
-    kernels/cpu_avx2.rope, the same arithmetic in one pass."""
-    if cpu_avx2.takes_rope(rows, x):
-        return cpu_avx2.rope(rows, x)
+    kernels/cpu/ops.rope, the same arithmetic in one pass."""
+    if cpu_ops.takes_rope(rows, x):
+        return cpu_ops.rope(rows, x)
     half = x.shape[-1] // 2
     swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
     return x * rows[0].to(x.dtype) + swapped * rows[1].to(x.dtype)

@@ -29,7 +29,7 @@ ENGINE_FACE = ("engine!", "engine.config", "engine.sampling_params", "engine.out
 FRONTEND_MAY_USE = (*ENGINE_FACE, "frontend")
 # The frontend: one package per API over the chat package and the root's shared modules; the app (with its
 # OpenAPI document) and the server assemble the API packages, and only they (and the CLI) import them.
-FRONTEND_APIS = ("frontend.openai", "frontend.anthropic", "frontend.responses")
+FRONTEND_APIS = ("frontend.openai", "frontend.anthropic", "frontend.responses", "frontend.ollama")
 FRONTEND_ASSEMBLY = ("frontend.app", "frontend.openapi", "frontend.server")
 FRONTEND_ROOT = ("frontend!", *(f"frontend.{p.stem}" for p in sorted((ROOT / "frontend").glob("*.py"))
                                if p.stem != "__init__" and f"frontend.{p.stem}" not in FRONTEND_ASSEMBLY))
@@ -48,6 +48,8 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     *[(f"the API package {name.split('.')[1]}/", name, (*FRONTEND_SHARED, name), ()) for name in FRONTEND_APIS],
     ("frontend/chat", "frontend.chat", FRONTEND_SHARED, ()),
     ("frontend/models", FRONTEND_MODELS, (*FRONTEND_SHARED, FRONTEND_MODELS), ()),
+    ("frontend/web (the chat page's files: static, it talks to the APIs over HTTP)", "frontend.web",
+     ("frontend.web",), ()),
     ("frontend root", "frontend", FRONTEND_SHARED, ()),
     ("engine/attention", "engine.attention", ("engine.attention", "kernels", *CONTRACTS), ()),
     ("engine/layers", "engine.layers", ("engine.layers", "kernels", *CONTRACTS), ()),
@@ -60,7 +62,7 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("engine/core", "engine.core", ("engine.core", "engine.executor.group", "shm", *CONTRACTS),
      ("engine.client.tokenizer",)),                                     # the grammar compile worker only
     ("engine/client", "engine.client", ("engine.client", "shm", *CONTRACTS),
-     ("engine.core.engine_core", "engine.executor.group")),             # in-process mode only
+     ("engine.core.inproc",)),                                          # in-process mode only
     ("engine/llm.py", "engine.llm", ("engine.client", *CONTRACTS), ()),
     ("engine façade (lazy names only)", "engine.__init__", (), ()),
     ("engine root contracts", "engine", ("shm", *CONTRACTS, *MODEL_ARGS), ()),
@@ -151,13 +153,17 @@ def test_a_planted_reverse_import_is_caught():
         "frontend.openai.chat": "from frontend.app import create_app\n",              # API -> the assembly
         "frontend.openai.completions": "from frontend.models.registry import ServedModels\n",   # API -> models
         "frontend.models.registry": "from frontend.openai.logprobs import TokenStrings\n",      # models -> API
+        "frontend.ollama.wire": "from frontend.openai.wire import OpenAIWire\n",       # Ollama -> OpenAI's package
+        "frontend.ollama.handlers": "from frontend.anthropic.translate import to_chat_request\n",
+        "frontend.chat.output": "from frontend.ollama.wire import OllamaWire\n",        # chat -> an API
+        "frontend.web.page": "from frontend.ollama.handlers import OllamaServing\n",   # the page -> an API
     }
     for module, source in planted.items():
         assert violations(module, source), f"planted import in {module} was not caught"
 
 
 def test_lazy_exemptions_stay_lazy():
-    source = "from engine.core.engine_core import EngineCore\n"
+    source = "from engine.core.inproc import InProcessEngine\n"
     assert violations("engine.client.engine_client", source)
     assert not violations("engine.client.engine_client", "def start():\n    " + source)
 
@@ -181,7 +187,8 @@ def test_the_frontend_root_holds_at_most_14_modules_and_a_package_per_api():
     modules = sorted(p.name for p in (ROOT / "frontend").glob("*.py"))
     assert len(modules) <= 14, modules
     packages = {p.parent.name for p in (ROOT / "frontend").glob("*/__init__.py")}
-    assert {"openai", "anthropic", "responses", "chat", "cli"} <= packages
-    assert {f"frontend.{name}" for name in packages} - {"frontend.chat", "frontend.cli", FRONTEND_MODELS} \
+    assert {"openai", "anthropic", "responses", "ollama", "chat", "cli", "web"} <= packages
+    assert {f"frontend.{name}" for name in packages} - {"frontend.chat", "frontend.cli", "frontend.web",
+                                                        FRONTEND_MODELS} \
         == set(FRONTEND_APIS), \
         "a new frontend package needs its row in RULES (an API package: FRONTEND_APIS) and DESIGN §1"

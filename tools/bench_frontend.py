@@ -12,6 +12,7 @@ generator takes as little CPU as possible from the server it measures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -40,6 +41,17 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, int, str]:
     raise RuntimeError("the server did not start")
 
 
+@contextlib.contextmanager
+def fake_server(extra: list[str]):
+    """(process, host, port, model) of a started fake-model server, terminated on leaving."""
+    proc, host, port, model = start_server(extra)
+    try:
+        yield proc, host, port, model
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -63,8 +75,8 @@ def dechunk(raw: bytes) -> bytes:
 ROUTES = {"completions": b"/v1/completions", "chat": b"/v1/chat/completions"}
 
 
-async def stream_one(host: str, port: int, route: bytes, payload: bytes) -> int:
-    """One streamed request; returns the completion tokens the final usage event reports."""
+async def post(host: str, port: int, route: bytes, payload: bytes) -> bytes:
+    """One POST over a fresh connection; returns the whole response body (dechunked)."""
     reader, writer = await asyncio.open_connection(host, port)
     # the server's own address as the Host: a loopback server refuses other names (DNS rebinding)
     writer.write(b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
@@ -74,7 +86,12 @@ async def stream_one(host: str, port: int, route: bytes, payload: bytes) -> int:
     while data := await reader.read(1 << 16):
         chunks.append(data)
     writer.close()
-    events = dechunk(b"".join(chunks)).split(b"\n\n")
+    return dechunk(b"".join(chunks))
+
+
+async def stream_one(host: str, port: int, route: bytes, payload: bytes) -> int:
+    """One streamed request; returns the completion tokens the final usage event reports."""
+    events = (await post(host, port, route, payload)).split(b"\n\n")
     usage = next(json.loads(e[6:]) for e in reversed(events) if e.startswith(b"data: {"))
     return usage["usage"]["completion_tokens"]
 
@@ -111,9 +128,8 @@ async def run_level(host: str, port: int, model: str, streams: int, requests: in
 @click.option("--json", "as_json", is_flag=True)
 def cli(levels: str, tokens: int, requests_per_stream: int, api: str, as_json: bool) -> None:
     """Streamed tokens/s, requests/s and frontend CPU per token through the real HTTP path (fake model)."""
-    proc, host, port, model = start_server([])
     rows = []
-    try:
+    with fake_server([]) as (proc, host, port, model):
         asyncio.run(run_level(host, port, model, 4, 8, 32, api))     # warm-up
         for streams in [int(x) for x in levels.split(",")]:
             cpu_before = cpu_seconds(proc.pid)
@@ -124,9 +140,6 @@ def cli(levels: str, tokens: int, requests_per_stream: int, api: str, as_json: b
                          "tokens_per_s": total / seconds,
                          "requests_per_s": streams * requests_per_stream / seconds,
                          "frontend_cpu_us_per_token": cpu / total * 1e6})
-    finally:
-        proc.terminate()
-        proc.wait(30)
     if as_json:
         click.echo(json.dumps(rows))
         return

@@ -1,7 +1,7 @@
 """Milliseconds per sampler call at V = 151,936 (Qwen3's vocabulary), for 1, 16, 64 and 256 rows.
 
 Prints, per configuration and batch size, ringserve's Sampler (as the executor builds it: with the C draw of
-rows without top-k/top-p where kernels/cpu_avx2 runs) beside a plain torch sampler written the way
+rows without top-k/top-p where kernels/cpu/ops runs) beside a plain torch sampler written the way
 vLLM v1's CPU path works (full-vocabulary sort for top-k/top-p, softmax and an exponential race for the
 draw, [S, V] bin counts for penalties, full log_softmax for logprobs), and the host bookkeeping per step
 (SamplingBatch.metadata + append_tokens). Logits are randn * 2 (a flat-ish distribution; real models are
@@ -21,7 +21,7 @@ import torch
 from engine.sample.sampler import Sampler
 from engine.sample.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
-from kernels import cpu_avx2
+from kernels.cpu import ops as cpu_ops
 
 VOCAB = 151_936
 PROMPT_LEN, OUTPUT_LEN = 512, 128            # history per request, for the penalties
@@ -83,7 +83,7 @@ def bench(name: str, fields: dict, rows: int, repeats: int) -> tuple[float, floa
     output_t = torch.from_numpy(np.stack([h[1] for h in histories]))
     source = torch.randn(rows, VOCAB) * 2.0
     logits = torch.empty_like(source)
-    sampler = Sampler(full_row_draw=cpu_avx2.sample_exp_rows if cpu_avx2.available() else None)   # the executor's
+    sampler = Sampler(full_row_draw=cpu_ops.sample_exp_rows if cpu_ops.available() else None)   # the executor's
     row_ids = np.arange(rows)
     ours, peer, host = [], [], []
     for i in range(repeats + 2):                      # two warm-up rounds

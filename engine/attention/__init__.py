@@ -44,16 +44,16 @@ class AttentionBackend:
 
 
 class TorchAttention(AttentionBackend):
-    """The CPU path. Over a 16-bit cache, kernels/cpu_avx2's attention runs where it can (it reads the paged
+    """The CPU path. Over a 16-bit cache, kernels/cpu/ops's attention runs where it can (it reads the paged
     cache in place: decode rows, and prefill chunks as one decode row per query token); everything else
     goes to the torch reference."""
 
     name = "torch"
 
     def __init__(self) -> None:
-        from kernels import cpu_avx2
+        from kernels.cpu import ops as cpu_ops
 
-        self.cpu_kernels = cpu_avx2 if cpu_avx2.available() else None
+        self.cpu_kernels = cpu_ops if cpu_ops.available() else None
 
     def forward(self, query, key, value, kv_cache, metadata, scale):
         from kernels import paged_attention_torch, write_kv_cache_torch

@@ -11,8 +11,10 @@ Two faces over one state:
 - blocking (`LLM`): `add_request()` / `add_pooling_request()` and `poll()`, which reads the output ring in
   the caller's thread.
 
-Users name requests with strings; on the rings they are int64 handles. With `in_process=True` the
-scheduler and one executor run inside the caller (no processes, no rings; blocking face only).
+Users name requests with strings; on the rings they are int64 handles. The engine is reached through a
+link with one set of calls: the scheduler process over its rings (engine/client/scheduler_process.py), or,
+with `in_process=True`, the scheduler and one executor inside the caller (engine/core/inproc.py; no
+processes, no rings; blocking face only).
 """
 
 from __future__ import annotations
@@ -32,28 +34,23 @@ from engine.client.output_processor import RequestCollector, RequestState, delta
 from engine.client.pooling_requests import PoolingRequests
 from engine.client.tokenizer import eos_token_ids
 from engine.config import EngineConfig
+from engine.client.scheduler_process import SchedulerProcess
 from engine.messages import (
     HANDLE,
     AbortRequests,
     AddRequest,
-    Codec,
     ControlCall,
     ControlReply,
     EngineDead,
     EngineLoading,
-    EngineOut,
     EngineOutputs,
-    EngineReady,
-    RequestIn,
     SchedulerStats,
     pack,
 )
 from engine.errors import UnsupportedTaskError
 from engine.outputs import EngineDeadError, RequestDelta
-from engine.process import describe_exit, spawn, stop
 from engine.sampling_params import SamplingParams
-from shm.ring import RingTimeout, SpscRing
-from shm.segment import sweep_stale
+from shm.ring import RingTimeout
 from shm.wait import PeerDiedError
 
 READER_SLICE_S = 0.25           # the reader thread re-checks for shutdown this often
@@ -78,14 +75,11 @@ class EngineClient(PoolingRequests, EngineClientBase):
         self._by_id: dict[str, int] = {}
         self._dead: EngineDeadError | None = None
         self._refusing: EngineDeadError | None = None   # set by fail_unfinished: no new requests either
-        self._codec_in = Codec(EngineOut)
-        self._codec_out = Codec(RequestIn)
         self._write_lock = threading.Lock()
         self._call_ids = itertools.count(1)
         self._calls: dict[int, object] = {}
         self._pending_sync: list[RequestDelta] = []
-        self._proc = None
-        self._local = None
+        self._link = None                # SchedulerProcess, or InProcessEngine (in_process=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: threading.Thread | None = None
         self._closed = False
@@ -94,67 +88,24 @@ class EngineClient(PoolingRequests, EngineClientBase):
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
         if self.config.in_process:
-            from engine.core.engine_core import EngineCore  # in-process mode only (debugging, unit tests)
-            from engine.executor.group import LocalExecutor
+            from engine.core.inproc import InProcessEngine  # in-process mode only (debugging, unit tests)
 
-            self._local = EngineCore(self.config, LocalExecutor(self.config))
-            self.num_blocks = self._local.executor.num_blocks
-            self.weight_bytes = dict(self._local.executor.weight_bytes)
-            self.pids = dict(self._local.executor.pids)
-            self.loading = EngineLoading(stage="ready")
+            self._link = InProcessEngine(self.config)
         else:
-            self._start_processes()
+            self._link = SchedulerProcess(self.config, self._env, on_loading=self._on_loading)
+        try:
+            ready = self._link.start()
+        except EngineDeadError:
+            self._closed = True
+            raise
+        self.num_blocks = ready.num_blocks
+        self.weight_bytes = dict(ready.weight_bytes)
+        self.pids = dict(ready.pids)
+        self.loading = EngineLoading(stage="ready")
         atexit.register(self.shutdown_sync)
 
-    def _start_processes(self) -> None:
-        sweep_stale()
-        config = self.config
-        self._requests = SpscRing.create(config.request_ring_bytes, spin_us=0)
-        self._outputs = SpscRing.create(config.output_ring_bytes, spin_us=0)
-        try:
-            self._proc = spawn("engine.core.main", {
-                "config": config.to_json().decode(),
-                "request_ring": self._requests.spec.to_json().decode(),
-                "output_ring": self._outputs.spec.to_json().decode(),
-            }, env=self._env)
-            self._requests.set_peer_check(self._check_scheduler)
-            self._outputs.set_peer_check(self._check_scheduler)
-            deadline = time.monotonic() + config.startup_timeout_s
-            msg = self._read_message(timeout=config.startup_timeout_s)
-            while isinstance(msg, EngineLoading):
-                self.loading = msg
-                msg = self._read_message(timeout=max(deadline - time.monotonic(), 0.1))
-        except PeerDiedError as e:
-            self._abandon()
-            raise EngineDeadError(f"the engine failed to start: {e}") from None
-        except RingTimeout:
-            self._abandon()
-            raise EngineDeadError(
-                f"the engine did not start within {config.startup_timeout_s:.0f} s") from None
-        if isinstance(msg, EngineDead):
-            self._abandon()
-            raise EngineDeadError(f"the engine failed to start: {msg.message}")
-        assert isinstance(msg, EngineReady), msg
-        self.loading = EngineLoading(stage="ready")
-        self._requests.unlink()
-        self._outputs.unlink()
-        self.num_blocks = msg.num_blocks
-        self.weight_bytes = dict(msg.weight_bytes)
-        self.pids = dict(msg.pids)
-
-    def _abandon(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-        for ring in (self._requests, self._outputs):
-            ring.unlink()
-            ring.close()
-        self._closed = True
-
-    def _check_scheduler(self) -> None:
-        how = describe_exit(self._proc, "the scheduler")
-        if how is not None:
-            raise PeerDiedError(how)
+    def _on_loading(self, progress: EngineLoading) -> None:
+        self.loading = progress
 
     def shutdown_sync(self, timeout: float = 10.0) -> None:
         if self._closed or not self._started:
@@ -162,27 +113,22 @@ class EngineClient(PoolingRequests, EngineClientBase):
             return
         self._closed = True
         atexit.unregister(self.shutdown_sync)
-        if self._local is not None:
-            self._local.close()
-            self._local.executor.shutdown()
-            return
-        if self._proc.poll() is None and self._dead is None:
+        if self._link.exit_status() is None and self._dead is None:
             try:
                 self._write(ControlCall(call_id=next(self._call_ids), method="shutdown"), timeout=2.0)
             except Exception:  # noqa: BLE001  the process is killed below if it does not leave
                 pass
-        stop([self._proc], timeout=timeout)
+        self._link.stop(timeout)
         if self._reader is not None:
             self._reader.join(timeout=2 * READER_SLICE_S + 1)
-        self._requests.close()
-        self._outputs.close()
+        self._link.close()
         self._fail_all(self._dead or EngineDeadError("the engine was shut down"))
 
     # ------------------------------------------------------------------ state
     @property
     def is_dead(self) -> bool:
-        if self._dead is None and self._proc is not None and not self._closed:
-            how = describe_exit(self._proc, "the scheduler")
+        if self._dead is None and self._link is not None and not self._closed:
+            how = self._link.exit_status()
             if how is not None:
                 self._set_dead(EngineDeadError(how))
         return self._dead is not None
@@ -261,7 +207,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
         self._by_handle[msg.req] = RequestState(request_id, collector, pooling=msg.pooling)
         self._by_id[request_id] = msg.req
         try:
-            self._send(msg)
+            self._write(msg)
         except BaseException:
             self._forget(msg.req)
             raise
@@ -271,19 +217,10 @@ class EngineClient(PoolingRequests, EngineClientBase):
         if state is not None:
             self._by_id.pop(state.request_id, None)
 
-    def _send(self, msg) -> None:
-        if self._local is not None:
-            reply = self._local.handle(msg)
-            if reply is not None:
-                self._on_message(reply)
-            return
-        self._write(msg)
-
     def _write(self, msg, timeout: float | None = 30.0) -> None:
-        data = self._codec_out.encode(msg)
         with self._write_lock:
             try:
-                self._requests.write(data, timeout=timeout)
+                self._link.write(msg, timeout=timeout)
             except PeerDiedError as e:
                 self._set_dead(EngineDeadError(str(e)))
                 raise self._dead from None
@@ -312,7 +249,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
         self._check_alive()
         if data_parallel_rank not in (None, 0):
             raise ValueError(f"data-parallel rank {data_parallel_rank} does not exist: one engine runs")
-        if self._local is not None:
+        if not self._link.supports_async:
             raise RuntimeError("the asyncio face needs the multi-process engine (in_process=False)")
         self._ensure_reader()
 
@@ -327,7 +264,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
         if state is None or self._dead is not None or self._closed:
             return
         try:
-            self._send(AbortRequests(reqs=pack([handle], HANDLE)))
+            self._write(AbortRequests(reqs=pack([handle], HANDLE)))
         except EngineDeadError:
             pass
 
@@ -358,7 +295,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
         loop = self._loop
         while not self._closed:
             try:
-                first = self._read_message(timeout=READER_SLICE_S)
+                first = self._link.read(timeout=READER_SLICE_S)
             except RingTimeout:
                 if loop.is_closed():
                     return      # its owner finished without shutting us down: nobody to deliver to
@@ -368,8 +305,8 @@ class EngineClient(PoolingRequests, EngineClientBase):
                     _post(loop, self._set_dead, EngineDeadError(str(e)))
                 return
             batch = [first]
-            while (data := self._outputs.try_read()) is not None:
-                batch.append(self._codec_in.decode(data))
+            while (msg := self._link.try_read()) is not None:
+                batch.append(msg)
             if not _post(loop, self._on_messages, batch) or isinstance(batch[-1], EngineDead):
                 return      # the loop is gone (nobody left to deliver to) or the engine is dead
 
@@ -392,21 +329,14 @@ class EngineClient(PoolingRequests, EngineClientBase):
     def poll(self, timeout: float | None = None) -> list[RequestDelta]:
         """The deltas of the next engine step(s) for requests added through add_request()."""
         self._check_alive()
-        if self._local is not None:
-            if self._local.only_compiling:
-                time.sleep(0.001)           # waiting for a grammar compile: nothing to step yet
-            outputs = self._local.take_rejected() or (self._local.step() if self._local.has_work else None)
-            if outputs is not None:
-                self._on_message(outputs)
-        else:
-            try:
-                self._on_message(self._read_message(timeout=timeout))
-                while (data := self._outputs.try_read()) is not None:
-                    self._on_message(self._codec_in.decode(data))
-            except RingTimeout:
-                pass
-            except PeerDiedError as e:
-                self._set_dead(EngineDeadError(str(e)))
+        try:
+            self._on_message(self._link.read(timeout=timeout))
+            while (msg := self._link.try_read()) is not None:
+                self._on_message(msg)
+        except RingTimeout:
+            pass
+        except PeerDiedError as e:
+            self._set_dead(EngineDeadError(str(e)))
         if self._dead is not None:
             raise self._dead
         deltas, self._pending_sync = self._pending_sync, []
@@ -416,7 +346,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
         self._check_alive()
         call_id = next(self._call_ids)
         self._calls[call_id] = None
-        self._send(ControlCall(call_id=call_id, method=method, args=args))
+        self._write(ControlCall(call_id=call_id, method=method, args=args))
         while isinstance(self._calls.get(call_id), type(None)):
             self.poll(timeout=1.0)
         reply = self._calls.pop(call_id)
@@ -425,10 +355,6 @@ class EngineClient(PoolingRequests, EngineClientBase):
         return reply.result
 
     # ------------------------------------------------------------------ messages from the engine
-    def _read_message(self, timeout: float | None):
-        with self._outputs.read_view(timeout=timeout, spin_us=0) as view:
-            return self._codec_in.decode(view)
-
     def _on_message(self, msg) -> None:
         if isinstance(msg, EngineOutputs):
             self._stats = msg.stats
@@ -454,7 +380,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
         handles = list(self._by_handle)
         if handles and self._dead is None and not self._closed:
             try:
-                self._send(AbortRequests(reqs=pack(handles, HANDLE)))
+                self._write(AbortRequests(reqs=pack(handles, HANDLE)))
             except EngineDeadError:
                 pass
         self._fail_all(error)

@@ -51,7 +51,7 @@ LOAD_GRACE_S = 5.0                # a just-loaded model is kept this long for th
 
 class ModelPool:
     def __init__(self, configs: dict[str, EngineConfig], *, max_loaded: int | None = None,
-                 idle_unload_s: float | None = None, wait_s: float = 60.0, restart_dead: bool = False,
+                 idle_unload_s: float | None = None, wait_s: float = 60.0, on_demand: bool = False,
                  max_parked: int = 0,
                  make_client: Callable[[EngineConfig], AsyncEngine] = make_engine_client) -> None:
         if not configs:
@@ -62,7 +62,9 @@ class ModelPool:
         self.max_loaded = max_loaded or len(configs)
         self.idle_unload_s = idle_unload_s
         self.wait_s = wait_s
-        self.restart_dead = restart_dead           # a request for a model whose engine died starts it again
+        # models come and go (--models-dir): a request for a model whose engine died starts it again, and a
+        # request's keep_alive (Ollama's) is acted on; else one model stays up and its death stays visible
+        self.on_demand = on_demand
         self.max_parked = max_parked               # models made room for are parked (asleep at level 2), this many
         self._make_client = make_client
         self._queue: deque[_Waiter] = deque()       # requests waiting for room, first come first served
@@ -111,7 +113,7 @@ class ModelPool:
                 if model.busy is not None:             # its load, wake, sleep or unload: wait for it
                     await asyncio.shield(model.busy)
                     continue
-                if self.restart_dead and model.state == LOADED and model.in_flight == 0 and model.client.is_dead:
+                if self.on_demand and model.state == LOADED and model.in_flight == 0 and model.client.is_dead:
                     self._begin(model, self._unload(model, f"its engine died: {model.client.dead_error}"))
                     continue
                 if model.drained_for is None and model.state == LOADED:

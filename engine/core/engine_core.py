@@ -32,6 +32,8 @@ from engine.messages import (
 )
 
 
+COMPILE_POLL_S = 0.002          # how long a loop with only grammar compiles pending waits before it looks again
+
 class EngineCore:
     """The step loop's logic: the scheduler plus whatever executes the model."""
 

@@ -13,15 +13,13 @@ import os
 import sys
 
 from engine.config import EngineConfig
-from engine.core.engine_core import EngineCore
+from engine.core.engine_core import COMPILE_POLL_S, EngineCore
 from engine.errors import ExecutorError
 from engine.executor.group import ExecutorGroup
 from engine.messages import Codec, EngineDead, EngineLoading, EngineOut, EngineReady, RequestIn
 from engine.process import child_args, error_text, parent_check
 from shm.ring import RingSpec, SpscRing
 from shm.wait import PeerDiedError
-
-COMPILE_POLL_S = 0.002
 
 
 def main() -> int:

@@ -58,7 +58,7 @@ class ModelRunner:
     def load(self) -> None:
         from engine.sample.sampler import Sampler
         from engine.sample.sampling_batch import SamplingBatch
-        from kernels import cpu_avx2
+        from kernels.cpu import ops as cpu_ops
 
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -70,8 +70,8 @@ class ModelRunner:
         self.sampling = SamplingBatch(self.config.max_num_seqs, self.config.vocab_size, self.device,
                                       self.config.seed)
         # on a CPU, rows without top-k/top-p are drawn by the C kernel where it runs (the same draw)
-        on_cpu_kernels = self.device.type == "cpu" and cpu_avx2.available()
-        self.sampler = Sampler(full_row_draw=cpu_avx2.sample_exp_rows if on_cpu_kernels else None)
+        on_cpu_kernels = self.device.type == "cpu" and cpu_ops.available()
+        self.sampler = Sampler(full_row_draw=cpu_ops.sample_exp_rows if on_cpu_kernels else None)
         self.words_per_row = words_per_row(self.config.vocab_size)
 
     def load_weights(self):

@@ -10,7 +10,7 @@ AMX for bf16), large inputs go to torch's own 16-bit matmul instead (oneDNN: abo
 the activations rounded to the weights' dtype as a GPU would), and no float32 copy is made.
 
 Up to `GEMM16_MAX_ROWS` rows (decode batches), where the step is bound by reading the weights, the 16-bit
-weights themselves are multiplied by kernels/cpu_avx2 (AVX2, widened in registers, float32 accumulation:
+weights themselves are multiplied by kernels/cpu/ops (AVX2, widened in registers, float32 accumulation:
 the same arithmetic) when it is available: half the bytes of the fp32 copies, and 2-4x faster than torch's
 own bf16 matmul at every batch size up to 16 on this project's AVX2 machine. On AVX-512 BF16 CPUs (Zen 4)
 its AVX-512 tiles take up to `GEMM16_MAX_ROWS_AVX512` rows: they beat oneDNN's bf16 matmul and MKL's
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers import onednn_matmul
-from kernels import cpu_avx2
+from kernels.cpu import ops as cpu_ops
 
 HALF = (torch.bfloat16, torch.float16)
 GEMM16_MAX_ROWS = 32
@@ -38,8 +38,8 @@ GEMM16_MAX_ROWS_AVX512 = 256
 
 
 def gemm16_max_rows() -> int:
-    """The most rows kernels/cpu_avx2's gemm16 takes here (more go to torch's matmul)."""
-    return GEMM16_MAX_ROWS_AVX512 if cpu_avx2.bf16_dot_enabled() else GEMM16_MAX_ROWS
+    """The most rows kernels/cpu/ops's gemm16 takes here (more go to torch's matmul)."""
+    return GEMM16_MAX_ROWS_AVX512 if cpu_ops.bf16_dot_enabled() else GEMM16_MAX_ROWS
 
 
 # the /proc/cpuinfo flags that give torch (oneDNN) a fast matmul for each 16-bit type
@@ -49,7 +49,7 @@ NATIVE_MATMUL_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float1
 def cpu_has_native_half_matmul(dtype: torch.dtype) -> bool:
     """Whether torch's own matmul in `dtype` runs at speed here (an instruction for it); True where the CPU
     cannot be asked (not Linux/x86: leave torch's choice alone)."""
-    flags = cpu_avx2.cpu_flags()
+    flags = cpu_ops.cpu_flags()
     if flags is None:
         return True
     return any(flag in flags for flag in NATIVE_MATMUL_FLAGS.get(dtype, ()))
@@ -62,7 +62,7 @@ def keeps_float32_copies(dtype: torch.dtype) -> bool:
 
 
 def should_upcast(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a 16-bit model on `device` takes this module's path (float32 activations, kernels/cpu_avx2 for
+    """Whether a 16-bit model on `device` takes this module's path (float32 activations, kernels/cpu/ops for
     small inputs, float32 copies or the native 16-bit matmul for large ones) rather than plain torch in the
     model dtype: on a CPU without a native matmul for the dtype, or with one where the AVX2 kernels run
     (they beat it on decode batches). RINGSERVE_CPU_UPCAST_MATMUL=1/0 forces the choice."""
@@ -71,11 +71,11 @@ def should_upcast(device: torch.device, dtype: torch.dtype) -> bool:
     override = os.environ.get("RINGSERVE_CPU_UPCAST_MATMUL")
     if override is not None:
         return override == "1"
-    return not cpu_has_native_half_matmul(dtype) or cpu_avx2.available()
+    return not cpu_has_native_half_matmul(dtype) or cpu_ops.available()
 
 
 class UpcastMatmul:
-    """Mixed into matmul layers: once `upcast()` ran, `self.matmul(x)` takes kernels/cpu_avx2 up to
+    """Mixed into matmul layers: once `upcast()` ran, `self.matmul(x)` takes kernels/cpu/ops up to
     gemm16_max_rows() rows, and from `upcast_min_rows` rows the fp32 copies (or, where the CPU multiplies the
     dtype natively, torch's 16-bit matmul); a single row without the kernels (a batch-1 decode) is a
     matrix-vector product bound by memory, where reading the half-size weights wins (measured on AVX2: the
@@ -86,11 +86,11 @@ class UpcastMatmul:
     compute_weight: torch.Tensor | None = None      # the fp32 copy; None where the 16-bit matmul is native
     compute_bias: torch.Tensor | None = None
     upcast_min_rows = 2
-    gemm16 = False                  # set by upcast() where kernels/cpu_avx2 runs
+    gemm16 = False                  # set by upcast() where kernels/cpu/ops runs
     onednn_weight: torch.Tensor | None = None   # float32 weights packed for oneDNN (engine/layers/onednn_matmul.py)
     qweight = None                  # a quantized weight in place of `weight` (engine/layers/quantized.py)
     # Quantized, this path hands its activations to the CPU kernels in two 8-bit planes (~15 bits; see
-    # kernels/cpu_quant.gemm_q): it runs prefill chunks, mixed steps and the LM head, whose rounding decides
+    # kernels/cpu/quant.gemm_q): it runs prefill chunks, mixed steps and the LM head, whose rounding decides
     # the first token and every sampled one. One plane (8 bits, as llama.cpp's Q8 activations) made SmolLM2
     # Q4_1 agree with its dequantized self on the top token at 96.1 % of a text's positions and turned its
     # README answer "The capital of France is Paris." into llama.cpp's own "L'Étoile, la Marseillaise, ...";
@@ -102,7 +102,7 @@ class UpcastMatmul:
         self.upcast_done = True
         if self.qweight is not None:        # quantized matmuls take float32 activations as they are
             return
-        self.gemm16 = cpu_avx2.available() and self.weight.is_contiguous()
+        self.gemm16 = cpu_ops.available() and self.weight.is_contiguous()
         if not keeps_float32_copies(self.weight.dtype):
             return
         self.compute_weight = self.weight.detach().float()
@@ -132,7 +132,7 @@ class UpcastMatmul:
             return F.linear(x.float(), self.compute_weight, self.compute_bias if with_bias else None)
         bias = getattr(self, "bias", None) if with_bias else None
         if route == "gemm16":
-            y = cpu_avx2.gemm16(x, self.weight)
+            y = cpu_ops.gemm16(x, self.weight)
             return y if bias is None else y.add_(bias)      # a 16-bit bias widens exactly
         if route == "native":                               # oneDNN, float32 accumulation
             return F.linear(x.to(self.weight.dtype), self.weight, bias).float()

@@ -1,4 +1,4 @@
-"""Pure-decode steps of a 16-bit Llama-family model on an AVX2 CPU in one C call (kernels/cpu_avx2's
+"""Pure-decode steps of a 16-bit Llama-family model on an AVX2 CPU in one C call (kernels/cpu/ops's
 `decode_forward16`).
 
 At one to a few dozen rows a decode step reads every weight once and does little arithmetic per byte, so
@@ -11,9 +11,9 @@ agrees with it to float32 rounding (tests/engine/models/test_cpu_decode.py; the 
 transformers run through it). Prefill and mixed steps keep the eager path: they are bound by arithmetic,
 where the per-op overhead is small next to the GEMMs.
 
-Used when: kernels/cpu_avx2 runs here, the model is 16-bit with float32 activations (the upcast CPU path),
+Used when: kernels/cpu/ops runs here, the model is 16-bit with float32 activations (the upcast CPU path),
 one rank, no output/MLP biases, and the decode attention kernel takes the cache layout. Matmul weights kept
-in a GGUF file's quantized blocks go to kernels/cpu_quant's gemm_q inside the same call.
+in a GGUF file's quantized blocks go to kernels/cpu/quant's gemm_q inside the same call.
 RINGSERVE_CPU_FUSED_DECODE=0 turns it off (the eager path runs: for comparisons).
 """
 
@@ -26,7 +26,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.layers.cpu_matmul import gemm16_max_rows
-from kernels import cpu_avx2
+from kernels.cpu import ops as cpu_ops
 
 logger = logging.getLogger(__name__)
 
@@ -47,27 +47,27 @@ def unsupported_reason(model) -> str | None:
     args = model.args
     if os.environ.get("RINGSERVE_CPU_FUSED_DECODE", "1") == "0":
         return "RINGSERVE_CPU_FUSED_DECODE=0"
-    if not cpu_avx2.available():
-        return "kernels/cpu_avx2 does not run here"
-    if model.dtype not in cpu_avx2.SUPPORTED or model.activation_dtype != torch.float32:
+    if not cpu_ops.available():
+        return "kernels/cpu/ops does not run here"
+    if model.dtype not in cpu_ops.SUPPORTED or model.activation_dtype != torch.float32:
         return "not a 16-bit model with float32 activations"
     if model.model.layers[0].self_attn.qkv_proj.num_heads != args.num_heads:
         return "tensor parallel"
     if args.o_bias or args.mlp_bias:
         return "output or MLP biases"
     group = args.num_heads // args.num_kv_heads
-    if (args.num_heads % args.num_kv_heads or group > cpu_avx2.MAX_GROUP or args.head_dim % 8
-            or args.head_dim > cpu_avx2.MAX_HEAD_DIM):
+    if (args.num_heads % args.num_kv_heads or group > cpu_ops.MAX_GROUP or args.head_dim % 8
+            or args.head_dim > cpu_ops.MAX_HEAD_DIM):
         return "head layout the decode attention kernel does not take"
     return None
 
 
 class CpuDecode:
-    """Runs a LlamaForCausalLM's pure-decode steps through cpu_avx2.DecodeStack; built per KV cache."""
+    """Runs a LlamaForCausalLM's pure-decode steps through cpu_ops.DecodeStack; built per KV cache."""
 
     def __init__(self, model) -> None:
         self.model = model
-        self._stack: cpu_avx2.DecodeStack | None = None
+        self._stack: cpu_ops.DecodeStack | None = None
         self.disabled: str | None = None        # why the stack could not be built (the eager path runs)
 
     def can_run(self, metadata: AttentionMetadata, input_ids: torch.Tensor, kv_caches: list[torch.Tensor]) -> bool:
@@ -90,7 +90,7 @@ class CpuDecode:
         hidden = self.model.model.embed_tokens(input_ids).to(torch.float32)
         return self._stack(hidden, positions, metadata.slot_mapping, metadata.seq_lens, metadata.block_tables)
 
-    def _build(self, kv_caches: list[torch.Tensor]) -> cpu_avx2.DecodeStack:
+    def _build(self, kv_caches: list[torch.Tensor]) -> cpu_ops.DecodeStack:
         inner, args = self.model.model, self.model.args
         layers = []
         for layer, kv_cache in zip(inner.layers, kv_caches, strict=True):
@@ -107,7 +107,7 @@ class CpuDecode:
                 "down": _matmul_weight(mlp.down_proj),
                 "kv_cache": kv_cache,
             })
-        return cpu_avx2.DecodeStack(
+        return cpu_ops.DecodeStack(
             layers, inner.norm.weight.data, inner.rotary_emb.cos_sin_cache, num_heads=args.num_heads,
             num_kv_heads=args.num_kv_heads, head_dim=args.head_dim, eps=args.rms_norm_eps,
             scale=args.head_dim**-0.5,

@@ -103,7 +103,7 @@ def main_weight_type(path: str) -> str:
 
 def _declared_dtype(gguf: GGUFFile) -> str:
     """The dtype the weights are in: F32, F16 or BF16 files keep theirs; quantized ones declare float16, as
-    vLLM does for GGUF (finalize turns float16 into float32 on a CPU without kernels/cpu_avx2)."""
+    vLLM does for GGUF (finalize turns float16 into float32 on a CPU without kernels/cpu/ops)."""
     types = {t.type_id for name, t in gguf.tensors.items() if name.endswith(".weight") and len(t.shape) == 2}
     if len(types) == 1 and next(iter(types)) in FLOAT_TYPES:
         return FLOAT_TYPES[next(iter(types))]

@@ -3,7 +3,7 @@ weights take in memory.
 
 A layer keeps its weight quantized when every checkpoint tensor it fuses is of a type with a kernel
 (kernels/gguf_blocks.QUANT_TYPES), the layer can take blocks (a matmul layer or the token embedding; a
-row-parallel split must fall on block boundaries) and the kernels run on the device (kernels/cpu_quant on a
+row-parallel split must fall on block boundaries) and the kernels run on the device (kernels/cpu/quant on a
 CPU with AVX2 and a C compiler, Triton on CUDA). Everything else is dequantized as with `--quantization
 none`, and the startup log says once which tensors and why.
 """
@@ -16,7 +16,8 @@ import torch
 
 from engine.layers.quantized import QuantizedMatmul
 from engine.models.gguf_file import GGML_TYPES, GGUFFile
-from kernels import cpu_quant, use_triton
+from kernels import use_triton
+from kernels.cpu import quant as cpu_quant
 from kernels.gguf_blocks import QUANT_TYPES
 
 logger = logging.getLogger(__name__)

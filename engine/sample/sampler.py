@@ -19,7 +19,7 @@ a group no row needs costs nothing:
   full rows   (no top-k) exp weights over the whole vocabulary, then a two-level inverse-CDF draw; top-p
               looks for the nucleus among the 64 most likely tokens first and, where it is larger (flat
               distributions), draws by rejection with a rising pivot (FlashInfer's scheme), never sorting V.
-              Without top-p, on a CPU, a `full_row_draw` given by the executor (kernels/cpu_avx2's
+              Without top-p, on a CPU, a `full_row_draw` given by the executor (kernels/cpu/ops's
               `sample_exp_rows`: the same weights and draw in one C pass per row) replaces the torch ops:
               ~0.5 -> ~0.2 ms a step at one row of 49k.
 Every row draws one uniform number per attempt (engine/sample/metadata.py says where it comes from).
@@ -76,7 +76,7 @@ class Sampler:
         takes it exactly when the logits are on CUDA. Tests force it to check that path on a CPU.
         full_row_draw: where given, CPU rows without top-k or top-p are drawn by it in one call, with
         weights exp(l * inv_temperature - shift) (below 1: 0) and the same inverse-CDF draw as the torch ops
-        (the executor passes kernels/cpu_avx2.sample_exp_rows where it runs)."""
+        (the executor passes kernels/cpu/ops.sample_exp_rows where it runs)."""
         self.sync_free = sync_free
         self.full_row_draw = full_row_draw
         self._weights = Workspace()      # exp weights of the full-vocabulary rows
@@ -138,7 +138,7 @@ class Sampler:
         if group.min_p is not None:
             log_floor = torch.maximum(log_floor, group.min_p.log())
         if group.top_p is None and not sync_free and self.full_row_draw is not None and not logits.is_cuda:
-            # the weights below and sample_rows' draw, in one call (kernels/cpu_avx2.sample_exp_rows)
+            # the weights below and sample_rows' draw, in one call (kernels/cpu/ops.sample_exp_rows)
             return self.full_row_draw(logits, rows, inv_t, row_max * inv_t + log_floor,
                                       _uniforms(group, logits.device))
         # The sync-free top-p sorts the weights in whole segments: they sit in a row padded with zeros.

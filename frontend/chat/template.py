@@ -106,6 +106,7 @@ class ChatTemplate:
     """A compiled chat template plus the tokenizer's special tokens it may refer to (bos_token, ...)."""
 
     def __init__(self, source: str, special_tokens: dict[str, str] | None = None):
+        self.source = source
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:

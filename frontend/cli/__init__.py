@@ -27,6 +27,7 @@ BENCH_COMMANDS: dict[str, str] = {
     "ipc": "tools.bench_ipc:cli",
     "latency": "tools.bench_latency:cli",
     "frontend": "tools.bench_frontend:cli",
+    "ollama": "tools.bench_ollama:cli",
     "engine-overhead": "tools.bench_engine_overhead:cli",
     "embed": "tools.bench_embed:cli",
     "swap": "tools.bench_swap:cli",

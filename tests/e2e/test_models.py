@@ -149,3 +149,20 @@ def test_bench_swap_reports_cold_swap_and_wake_times(server):
     for row in ("cold", "warm", "swap", "wake_up (level 1)", "after sleep level 2"):
         assert report[row]["n"] >= 1 and report[row]["median_s"] > 0, row
     assert report["swap"]["n"] == 2 and "swap_adds_s" in report
+
+
+def test_ollama_routes_route_by_model_and_keep_alive_unloads(server):
+    import ollama
+
+    client = ollama.Client(host=server.url, timeout=120)
+    assert {"demo-a", "demo-b"} <= {m.model for m in client.list().models}       # /api/tags: every model
+    reply = client.chat("demo-b:latest", [{"role": "user", "content": "hi"}], options={"num_predict": 3})
+    assert reply.model == "demo-b:latest" and reply.done
+    running = {m.model: m for m in client.ps().models}
+    assert "demo-b" in running and running["demo-b"].expires_at.year == 9999     # no --idle-unload here
+    unloading = client.generate("demo-b", "", keep_alive=0)                        # keep_alive 0: unload
+    assert unloading.done_reason == "unload"
+    assert wait_for(lambda: states(server)["demo-b"] == "unloaded", 30), states(server)
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.chat("no-such-model", [{"role": "user", "content": "hi"}])
+    assert missing.value.status_code == 404

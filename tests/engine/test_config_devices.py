@@ -127,7 +127,7 @@ def test_every_test_module_that_runs_triton_on_cpu_tensors_is_marked():
 
 def test_a_float16_model_stays_16_bit_on_a_cpu_with_the_avx2_kernels(tmp_path, monkeypatch):
     """dtype auto: a float16 model (every quantized GGUF declares float16) keeps 16-bit weights on a CPU
-    where kernels/cpu_avx2 can run (fast, float32 arithmetic), and is widened to float32 where they cannot."""
+    where kernels/cpu/ops can run (fast, float32 arithmetic), and is widened to float32 where they cannot."""
     model = _model_dir(tmp_path, torch_dtype="float16")
     monkeypatch.setattr(engine.config, "cpu_half_kernels_possible", lambda: True)
     assert EngineConfig(model=model, device="cpu").finalize().resolved_dtype == "float16"
@@ -137,8 +137,8 @@ def test_a_float16_model_stays_16_bit_on_a_cpu_with_the_avx2_kernels(tmp_path, m
 
 
 def test_cpu_half_kernels_possible_agrees_with_the_kernels(monkeypatch):
-    from kernels import cpu_avx2
+    from kernels.cpu import ops as cpu_ops
 
-    assert engine.config.cpu_half_kernels_possible() == cpu_avx2.available()
+    assert engine.config.cpu_half_kernels_possible() == cpu_ops.available()
     monkeypatch.setenv("RINGSERVE_CPU_KERNELS", "0")
     assert not engine.config.cpu_half_kernels_possible()

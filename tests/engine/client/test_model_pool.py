@@ -153,7 +153,7 @@ def test_a_failed_load_is_an_engine_error_and_the_next_request_tries_again():
 
 def test_a_dead_engine_is_started_again_by_the_next_request_where_the_pool_restarts_them():
     async def scenario(restart: bool):
-        pool, log = make_pool(("a",), restart_dead=restart)
+        pool, log = make_pool(("a",), on_demand=restart)
         client = await pool.acquire("a")
         pool.release(pool.model("a"))
         client.is_dead, client.dead_error = True, "executor 0 died (killed by signal 9)"

@@ -25,12 +25,12 @@ def test_dummy_sample_grows_the_sampler_workspaces_to_the_worst_case(tiny_model)
 
 
 def test_cpu_runner_draws_plain_rows_with_the_c_kernel_where_it_runs(tiny_model):
-    """The executor gives its sampler kernels/cpu_avx2's one-pass draw for rows without top-k/top-p on a CPU
+    """The executor gives its sampler kernels/cpu/ops's one-pass draw for rows without top-k/top-p on a CPU
     where the kernels run (tests/engine/sample checks that it draws the torch path's tokens)."""
-    from kernels import cpu_avx2
+    from kernels.cpu import ops as cpu_ops
 
     config = EngineConfig(model=str(tiny_model("LlamaForCausalLM")), device="cpu", max_num_seqs=4).finalize()
     runner = ModelRunner(config)
     runner.load()
-    expected = cpu_avx2.sample_exp_rows if cpu_avx2.available() else None
+    expected = cpu_ops.sample_exp_rows if cpu_ops.available() else None
     assert runner.sampler.full_row_draw is expected

@@ -1,4 +1,4 @@
-"""The fused CPU decode path (engine/models/cpu_decode.py over kernels/cpu_avx2.decode_forward16): pure-decode
+"""The fused CPU decode path (engine/models/cpu_decode.py over kernels/cpu/ops.decode_forward16): pure-decode
 steps of 16-bit Llama-family models in one C call agree with the eager path to float32 rounding, write the
 same KV cache, agree with transformers on the same (16-bit) weights, and stay out of the way where they do
 not apply. Skipped where the AVX2 kernels cannot run."""
@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.layers.cpu_matmul import should_upcast
 from engine.models.cpu_decode import unsupported_reason
 from engine.models.loader import load_model
-from kernels import cpu_avx2
+from kernels.cpu import ops as cpu_ops
 from tests.engine.hf_models import (  # noqa: F401
     ARCHITECTURES,
     PagedBatchRunner,
@@ -22,7 +22,7 @@ from tests.engine.hf_models import (  # noqa: F401
 )
 
 pytestmark = pytest.mark.skipif(
-    not cpu_avx2.available() or not should_upcast(torch.device("cpu"), torch.bfloat16),
+    not cpu_ops.available() or not should_upcast(torch.device("cpu"), torch.bfloat16),
     reason="needs the AVX2 kernels on a CPU without 16-bit arithmetic",
 )
 
@@ -36,13 +36,13 @@ def _load(path, dtype: str):
 
 def _count_fused_calls(monkeypatch) -> list[int]:
     calls = []
-    original = cpu_avx2.DecodeStack.__call__
+    original = cpu_ops.DecodeStack.__call__
 
     def spy(self, x, *args):
         calls.append(x.shape[0])
         return original(self, x, *args)
 
-    monkeypatch.setattr(cpu_avx2.DecodeStack, "__call__", spy)
+    monkeypatch.setattr(cpu_ops.DecodeStack, "__call__", spy)
     return calls
 
 

@@ -1,5 +1,5 @@
 """bf16 models on CPUs without bf16 matmul units multiply in fp32 from exact fp32 weight copies, or with
-kernels/cpu_avx2 straight from the 16-bit weights, and carry float32 activations."""
+kernels/cpu/ops straight from the 16-bit weights, and carry float32 activations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from engine.config import EngineConfig
 from engine.layers.cpu_matmul import UpcastMatmul, should_upcast
 from engine.models.loader import load_model
-from kernels import cpu_avx2
+from kernels.cpu import ops as cpu_ops
 from tests.engine.hf_models import PagedBatchRunner, tiny_model_fixture  # noqa: F401
 
 
@@ -50,15 +50,15 @@ def _steps(path, dtype: str) -> tuple[list[torch.Tensor], torch.nn.Module]:
 
 @pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
 def test_cpu_kernels_match_the_torch_path(tiny_model, monkeypatch, arch):
-    """With kernels/cpu_avx2 (16-bit matmul, decode attention) the bf16 model computes what the torch path
+    """With kernels/cpu/ops (16-bit matmul, decode attention) the bf16 model computes what the torch path
     computes within bf16 rounding, and carries float32 activations over its 16-bit weights either way."""
-    if not cpu_avx2.available() or not should_upcast(torch.device("cpu"), torch.bfloat16):
+    if not cpu_ops.available() or not should_upcast(torch.device("cpu"), torch.bfloat16):
         pytest.skip("needs the AVX2 kernels on a CPU without bf16 arithmetic")
     path = tiny_model(arch)
     fast, fast_model = _steps(path, "bfloat16")
     assert fast_model.activation_dtype == torch.float32
     assert all(m.gemm16 for m in fast_model.modules() if isinstance(m, UpcastMatmul))
-    monkeypatch.setattr(cpu_avx2, "available", lambda: False)
+    monkeypatch.setattr(cpu_ops, "available", lambda: False)
     slow, slow_model = _steps(path, "bfloat16")
     assert not any(m.gemm16 for m in slow_model.modules() if isinstance(m, UpcastMatmul))
     for got, expected in zip(fast, slow, strict=True):
@@ -75,12 +75,12 @@ def test_native_half_matmul_is_asked_per_dtype(monkeypatch, flags, bf16, fp16):
     copies or the kernels (it used to run torch's fp16 matmul, ~10x slower on a 256-token prefill)."""
     from engine.layers import cpu_matmul
 
-    monkeypatch.setattr(cpu_avx2, "cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.setattr(cpu_ops, "cpu_flags", lambda: frozenset(flags.split()))
     monkeypatch.delenv("RINGSERVE_CPU_UPCAST_MATMUL", raising=False)
     assert cpu_matmul.cpu_has_native_half_matmul(torch.bfloat16) is bf16
     assert cpu_matmul.cpu_has_native_half_matmul(torch.float16) is fp16
     for kernels in (False, True):
-        monkeypatch.setattr(cpu_avx2, "available", lambda k=kernels: k)
+        monkeypatch.setattr(cpu_ops, "available", lambda k=kernels: k)
         assert should_upcast(torch.device("cpu"), torch.float16) is (not fp16 or kernels)
         assert should_upcast(torch.device("cpu"), torch.bfloat16) is (not bf16 or kernels)
         assert not should_upcast(torch.device("cpu"), torch.float32)

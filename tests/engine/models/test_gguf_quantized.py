@@ -17,7 +17,8 @@ from engine.models.gguf_config import QUANTIZED_KERNEL_TYPES
 from engine.models.gguf_file import read_gguf
 from engine.models.gguf_quantized import weight_bytes_by_type
 from engine.models.loader import load_model
-from kernels import cpu_avx2, cpu_quant
+from kernels.cpu import ops as cpu_ops
+from kernels.cpu import quant as cpu_quant
 from kernels.gguf_blocks import QUANT_TYPES
 from tests.engine.hf_models import PagedBatchRunner
 from tests.engine.models.gguf_files import gguf_model, hf_dirs, write_gguf  # noqa: F401
@@ -83,7 +84,7 @@ def test_layers_keep_the_files_blocks(mixed_gguf):
 def test_logits_match_the_dequantized_model(qtype, gguf_model, mixed_gguf):  # noqa: F811
     path = mixed_gguf if qtype == "mixed" else gguf_model("LlamaForCausalLM", qtype)
     quantized, dequantized = _logits(_load(path, "gguf")), _logits(_load(path, "none"))
-    # the eager path's two planes of activations leave ~1/250 of one plane's rounding (test_cpu_quant.py):
+    # the eager path's two planes of activations leave ~1/250 of one plane's rounding (cpu/test_quant.py):
     # through two layers of a random model a small fraction of the logits' range; the dequantized model's top
     # token stays on top or within that of it (random models have near-ties)
     tolerance = 0.005 * dequantized.abs().max()
@@ -92,7 +93,7 @@ def test_logits_match_the_dequantized_model(qtype, gguf_model, mixed_gguf):  # n
     assert (quantized.gather(-1, top).squeeze(-1) >= quantized.max(-1).values - tolerance).all()
 
 
-@pytest.mark.skipif(not cpu_avx2.available(), reason="needs the fused decode kernels")
+@pytest.mark.skipif(not cpu_ops.available(), reason="needs the fused decode kernels")
 @pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
 def test_fused_decode_over_quantized_weights_matches_the_eager_path(arch, gguf_model, monkeypatch):  # noqa: F811
     path = gguf_model(arch, "Q4_K")
@@ -100,8 +101,8 @@ def test_fused_decode_over_quantized_weights_matches_the_eager_path(arch, gguf_m
     assert fused.cpu_decode is not None, "the fused step should take quantized weights"
     _one_plane(fused)
     calls = []
-    original = cpu_avx2.DecodeStack.__call__
-    monkeypatch.setattr(cpu_avx2.DecodeStack, "__call__", lambda self, x, *a: calls.append(1) or original(self, x, *a))
+    original = cpu_ops.DecodeStack.__call__
+    monkeypatch.setattr(cpu_ops.DecodeStack, "__call__", lambda self, x, *a: calls.append(1) or original(self, x, *a))
     got = _logits(fused)
     assert calls, "the decode steps did not go through the fused step"
     eager = _load(path, "gguf", dtype="bfloat16")

@@ -15,7 +15,7 @@ import torch
 from engine.sample.sampler import NUCLEUS_GUESS, Sampler, apply_logits_processors
 from engine.sample.sampling_batch import SamplingBatch
 from engine.sampling_params import SamplingParams
-from kernels import cpu_avx2
+from kernels.cpu import ops as cpu_ops
 from tests.engine.sample.sampling_stats import (
     fits,
     reference_distribution,
@@ -38,11 +38,11 @@ def _nucleus_size(probs: np.ndarray) -> int:
 
 @pytest.mark.parametrize("draw", ["torch", "c"])
 def test_temperature_matches_softmax_of_scaled_logits(draw):
-    """Both draws of rows without top-k/top-p: the torch ops and kernels/cpu_avx2's (the executor's on CPUs)."""
-    if draw == "c" and not cpu_avx2.available():
-        pytest.skip("kernels/cpu_avx2 does not run here")
+    """Both draws of rows without top-k/top-p: the torch ops and kernels/cpu/ops's (the executor's on CPUs)."""
+    if draw == "c" and not cpu_ops.available():
+        pytest.skip("kernels/cpu/ops does not run here")
     logits = _logits(1.5)
-    sampler = Sampler(full_row_draw=cpu_avx2.sample_exp_rows if draw == "c" else None)
+    sampler = Sampler(full_row_draw=cpu_ops.sample_exp_rows if draw == "c" else None)
     counts = sample_counts(logits, SamplingParams(temperature=0.7), num_samples=N, sampler=sampler)
     assert fits(counts, reference_distribution(logits, temperature=0.7))
     # Catches: temperature ignored, or multiplied instead of divided.
@@ -354,10 +354,10 @@ def test_sync_free_seeded_rows_repeat_whatever_their_neighbours():
     assert len(set(first["a"])) > 1                          # each position draws afresh
 
 
-@pytest.mark.skipif(not cpu_avx2.available(), reason="kernels/cpu_avx2 does not run here")
+@pytest.mark.skipif(not cpu_ops.available(), reason="kernels/cpu/ops does not run here")
 @pytest.mark.parametrize("vocab", [300, 1003, 49152])
 def test_c_draw_picks_the_torch_paths_tokens(vocab):
-    """The C draw of rows without top-p (kernels/cpu_avx2.sample_exp_rows) against the torch ops it replaces:
+    """The C draw of rows without top-p (kernels/cpu/ops.sample_exp_rows) against the torch ops it replaces:
     the same uniforms give the same tokens, for temperatures, min_p floors, masked tokens, ragged vocabularies,
     rows among top-k, top-p and greedy rows, step after step."""
     plain = [SamplingParams(temperature=t) for t in (0.3, 0.7, 1.0, 1.5)]
@@ -374,7 +374,7 @@ def test_c_draw_picks_the_torch_paths_tokens(vocab):
         batch = SamplingBatch(len(params), vocab, torch.device("cpu"), seed=3)
         for row, p in enumerate(params):
             batch.add_request(row, p.resolved(), [0], [], [vocab - 1])
-        sampler, tokens = Sampler(full_row_draw=cpu_avx2.sample_exp_rows if path == "c" else None), []
+        sampler, tokens = Sampler(full_row_draw=cpu_ops.sample_exp_rows if path == "c" else None), []
         for _ in range(6):
             step = sampler(logits.clone(), batch.metadata(rows)).sampled_token_ids
             batch.append_tokens(rows, step.numpy())
@@ -385,7 +385,7 @@ def test_c_draw_picks_the_torch_paths_tokens(vocab):
     assert len(set(drawn["c"][:, 3].tolist())) > 1                 # and it really samples
 
 
-@pytest.mark.skipif(not cpu_avx2.available(), reason="kernels/cpu_avx2 does not run here")
+@pytest.mark.skipif(not cpu_ops.available(), reason="kernels/cpu/ops does not run here")
 def test_c_draw_edges():
     """Uniforms at the ends pick the first and the last weighted token; a row without weight gives its last
     token (as the torch path); tokens under the floor (weight < 1) are never picked; rows index the logits."""
@@ -394,12 +394,12 @@ def test_c_draw_edges():
     logits[1, 40] = 1.0
     logits[1, 41] = 1.0 - 80.0                     # e^-80 of token 40: under the -70 floor
     ones, shift = torch.ones(3), torch.tensor([-70.0, 1.0 - 70.0, 0.0])
-    low = cpu_avx2.sample_exp_rows(logits, None, ones, shift, torch.tensor([0.0, 0.999999, 0.5], dtype=torch.float64))
-    high = cpu_avx2.sample_exp_rows(logits, None, ones, shift, torch.tensor([0.999999, 0.999999, 0.5],
+    low = cpu_ops.sample_exp_rows(logits, None, ones, shift, torch.tensor([0.0, 0.999999, 0.5], dtype=torch.float64))
+    high = cpu_ops.sample_exp_rows(logits, None, ones, shift, torch.tensor([0.999999, 0.999999, 0.5],
                                                                            dtype=torch.float64))
     assert low.tolist() == [5, 40, 299] and high.tolist() == [299, 40, 299]
-    picked = cpu_avx2.sample_exp_rows(logits, torch.tensor([1, 0]), ones[:2], shift[[1, 0]],
+    picked = cpu_ops.sample_exp_rows(logits, torch.tensor([1, 0]), ones[:2], shift[[1, 0]],
                                       torch.tensor([0.5, 0.5], dtype=torch.float64))
     assert picked.tolist() == [40, 17]
     with pytest.raises(ValueError, match="out of range"):
-        cpu_avx2.sample_exp_rows(logits, torch.tensor([3]), ones[:1], shift[:1], torch.zeros(1, dtype=torch.float64))
+        cpu_ops.sample_exp_rows(logits, torch.tensor([3]), ones[:1], shift[:1], torch.zeros(1, dtype=torch.float64))

@@ -1,6 +1,6 @@
-"""CPU kernels for GGUF-quantized weights (kernels/cpu_quant.c, in kernels/cpu_avx2's library): `pack`
+"""CPU kernels for GGUF-quantized weights (kernels/cpu/quant.c, in kernels/cpu/ops's library): `pack`
 regroups a QuantizedWeight's blocks into tiles of 16 rows once, at load (the same bits, in the order the
-kernels read; see cpu_quant.c), `gemm_q` multiplies float32 activations by such a PackedWeight (8-bit
+kernels read; see quant.c), `gemm_q` multiplies float32 activations by such a PackedWeight (8-bit
 activations per block of 32, integer dot products, float32 scales), `PackedWeight.rows` reads rows of one
 (a quantized token embedding).
 
@@ -8,7 +8,7 @@ Why: a batch-1 decode step reads every weight once, so its time follows the weig
 bytes a value against 2 for fp16), and at many rows integer products (VPMADDUBSW on AVX2, VPDPBUSD with
 AVX-512 VNNI) do four to eight times the float32 FMA's work per instruction. The error against the float
 matmul of the same blocks is that of rounding each activation to 8 bits per block of 32 values, as
-llama.cpp's Q8_0 activations do; tests/kernels/test_cpu_quant.py bounds it.
+llama.cpp's Q8_0 activations do; tests/kernels/cpu/test_quant.py bounds it.
 
 AVX-512 VNNI CPUs (Zen 4, Ice Lake on) take 16 rows an instruction; `set_vnni(False)` pins the AVX2 path
 (tests run both), as does RINGSERVE_CPU_VNNI=0. Only call these when available().
@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from kernels import cpu_avx2
+from kernels.cpu import ops as cpu_ops
 from kernels.gguf_blocks import QuantizedWeight, bytes_by_type
 
 VNNI_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
@@ -30,12 +30,12 @@ VNNI_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 
 @functools.cache
 def _lib() -> ctypes.CDLL | None:
-    lib = cpu_avx2._library()
+    lib = cpu_ops._library()
     if lib is None:
         return None
     ptr, i64, cint = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.matmul_weight.restype = None
-    lib.matmul_weight.argtypes = [ctypes.POINTER(cpu_avx2.Weight), ptr, ptr, i64, i64, cint, cint]
+    lib.matmul_weight.argtypes = [ctypes.POINTER(cpu_ops.Weight), ptr, ptr, i64, i64, cint, cint]
     lib.packed_bytes.restype = i64
     lib.packed_bytes.argtypes = [cint, i64, i64]
     lib.repack_q.restype = None
@@ -49,13 +49,13 @@ def _lib() -> ctypes.CDLL | None:
 
 
 def available() -> bool:
-    """Whether these kernels run here (those of kernels/cpu_avx2: x86 AVX2, a C compiler, not disabled)."""
+    """Whether these kernels run here (those of kernels/cpu/ops: x86 AVX2, a C compiler, not disabled)."""
     return _lib() is not None
 
 
 def vnni_possible() -> bool:
     """Whether this CPU has AVX-512 VNNI (with BW and VL), which the 16-row vector kernels need."""
-    return all(flag in (cpu_avx2.cpu_flags() or ()) for flag in VNNI_CPU_FLAGS)
+    return all(flag in (cpu_ops.cpu_flags() or ()) for flag in VNNI_CPU_FLAGS)
 
 
 def set_vnni(on: bool) -> bool:
@@ -79,7 +79,7 @@ class PackedWeight:
             packed = torch.empty(lib.packed_bytes(type_id, rows, self.in_features), dtype=torch.uint8)
             lib.repack_q(type_id, raw.data_ptr(), rows, self.in_features, packed.data_ptr(), torch.get_num_threads())
             self.parts.append((type_id, rows, packed))
-        self.descriptor = cpu_avx2.Weight(num_parts=len(self.parts))
+        self.descriptor = cpu_ops.Weight(num_parts=len(self.parts))
         for i, (type_id, rows, packed) in enumerate(self.parts):
             self.descriptor.data[i], self.descriptor.rows[i], self.descriptor.type[i] = packed.data_ptr(), rows, type_id
 

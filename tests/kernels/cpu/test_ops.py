@@ -1,4 +1,4 @@
-"""kernels/cpu_avx2 against the torch references: the 16-bit matmul and the paged decode attention, over
+"""kernels/cpu/ops against the torch references: the 16-bit matmul and the paged decode attention, over
 shapes that hit every code path (odd sizes, tails, grouped heads, shuffled block tables), and the engine
 using them where they run. Skipped where the kernels cannot run (no AVX2/F16C or no C compiler)."""
 
@@ -10,10 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_avx2, paged_decode_attention_torch
+from kernels import paged_decode_attention_torch
+from kernels.cpu import ops as cpu_ops
 
-pytestmark = pytest.mark.skipif(not cpu_avx2.available(), reason="needs x86 AVX2/FMA/F16C and a C compiler")
-needs_bf16_dot = pytest.mark.skipif(not cpu_avx2.bf16_dot_possible(), reason="needs a CPU with AVX-512 BF16")
+pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="needs x86 AVX2/FMA/F16C and a C compiler")
+needs_bf16_dot = pytest.mark.skipif(not cpu_ops.bf16_dot_possible(), reason="needs a CPU with AVX-512 BF16")
 
 
 @contextlib.contextmanager
@@ -31,9 +32,9 @@ def _torch_threads(count: int):
 def float32_arithmetic():
     """gemm16 and the attention in float32 throughout, also on CPUs where bf16 weights and caches take the
     AVX-512 BF16 path."""
-    was = cpu_avx2.set_bf16_dot(False)
+    was = cpu_ops.set_bf16_dot(False)
     yield
-    cpu_avx2.set_bf16_dot(was)
+    cpu_ops.set_bf16_dot(was)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -43,7 +44,7 @@ def test_gemm16_matches_float32_matmul_of_the_same_weights(float32_arithmetic, d
     x = torch.randn(m, k, generator=generator)
     weight = torch.randn(n, k, generator=generator).to(dtype)
     expected = F.linear(x, weight.float())
-    got = cpu_avx2.gemm16(x, weight)
+    got = cpu_ops.gemm16(x, weight)
     assert got.dtype == torch.float32 and got.shape == (m, n)
     torch.testing.assert_close(got, expected, atol=1e-4 * k**0.5, rtol=1e-4)
 
@@ -59,7 +60,7 @@ def test_gemm16_one_or_two_rows_cover_every_weight_row_on_any_thread_count(float
     weight = torch.randn(n, 40, generator=generator).bfloat16()
     out = torch.full((m, n), float("nan"))
     with _torch_threads(threads):
-        cpu_avx2.gemm16(x, weight, out)
+        cpu_ops.gemm16(x, weight, out)
     torch.testing.assert_close(out, F.linear(x, weight.float()), atol=1e-4, rtol=1e-4)
 
 
@@ -73,19 +74,19 @@ def test_gemm16_avx512_tiles_cover_every_weight_row_on_any_thread_count(threads,
     x = torch.randn(m, 40, generator=generator)
     weight = torch.randn(n, 40, generator=generator).bfloat16()
     out = torch.full((m, n), float("nan"))
-    was = cpu_avx2.set_bf16_dot(True)
+    was = cpu_ops.set_bf16_dot(True)
     try:
         with _torch_threads(threads):
-            cpu_avx2.gemm16(x, weight, out)
+            cpu_ops.gemm16(x, weight, out)
     finally:
-        cpu_avx2.set_bf16_dot(was)
+        cpu_ops.set_bf16_dot(was)
     torch.testing.assert_close(out, F.linear(x.bfloat16().float(), weight.float()), atol=1e-4, rtol=1e-4)
 
 
 def test_gemm16_widens_16_bit_activations_first(float32_arithmetic):
     x = torch.randn(4, 48).bfloat16()
     weight = torch.randn(24, 48).bfloat16()
-    torch.testing.assert_close(cpu_avx2.gemm16(x, weight), F.linear(x.float(), weight.float()),
+    torch.testing.assert_close(cpu_ops.gemm16(x, weight), F.linear(x.float(), weight.float()),
                                atol=1e-4, rtol=1e-4)
 
 
@@ -100,12 +101,12 @@ def test_gemm16_bf16_dot_rounds_the_activations_to_bf16(m, n, k):
     generator = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=generator)
     weight = torch.randn(n, k, generator=generator).bfloat16()
-    was = cpu_avx2.set_bf16_dot(True)
+    was = cpu_ops.set_bf16_dot(True)
     try:
-        got = cpu_avx2.gemm16(x, weight)
-        fp16 = cpu_avx2.gemm16(x, weight.half())          # fp16 weights: float32 arithmetic
+        got = cpu_ops.gemm16(x, weight)
+        fp16 = cpu_ops.gemm16(x, weight.half())          # fp16 weights: float32 arithmetic
     finally:
-        cpu_avx2.set_bf16_dot(was)
+        cpu_ops.set_bf16_dot(was)
     activations = x.bfloat16().float() if m >= 3 else x
     torch.testing.assert_close(got, F.linear(activations, weight.float()), atol=1e-4 * k**0.5, rtol=1e-4)
     torch.testing.assert_close(fp16, F.linear(x.double(), weight.half().double()).float(), atol=1e-5 * k**0.5,
@@ -116,15 +117,15 @@ def test_gemm16_bf16_dot_rounds_the_activations_to_bf16(m, n, k):
 
 def test_set_bf16_dot_refuses_a_cpu_without_it(float32_arithmetic, monkeypatch):
     with monkeypatch.context() as patch:
-        patch.setattr(cpu_avx2, "bf16_dot_possible", lambda: False)
+        patch.setattr(cpu_ops, "bf16_dot_possible", lambda: False)
         with pytest.raises(RuntimeError, match="AVX-512 BF16"):
-            cpu_avx2.set_bf16_dot(True)
-    assert cpu_avx2.set_bf16_dot(False) is False          # the refusal changed nothing
+            cpu_ops.set_bf16_dot(True)
+    assert cpu_ops.set_bf16_dot(False) is False          # the refusal changed nothing
 
 
 def test_gemm16_rejects_float32_weights():
     with pytest.raises(ValueError, match="bf16/fp16"):
-        cpu_avx2.gemm16(torch.randn(1, 8), torch.randn(8, 8))
+        cpu_ops.gemm16(torch.randn(1, 8), torch.randn(8, 8))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -144,20 +145,20 @@ def test_paged_decode_attention16_matches_the_torch_reference(float32_arithmetic
     scale = head_dim**-0.5
     expected = paged_decode_attention_torch(query.float(), key_cache.float(), value_cache.float(), seq_lens,
                                             block_tables, scale)
-    got = cpu_avx2.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, scale)
+    got = cpu_ops.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, scale)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
-    got32 = cpu_avx2.paged_decode_attention16(query.float(), key_cache, value_cache, seq_lens, block_tables,
+    got32 = cpu_ops.paged_decode_attention16(query.float(), key_cache, value_cache, seq_lens, block_tables,
                                               scale)
     torch.testing.assert_close(got32, expected, atol=1e-5, rtol=1e-4)
 
 
 def test_supports_attention_names_the_layouts_it_cannot_take():
     cache16 = torch.zeros(2, 4, 2, 64, dtype=torch.bfloat16)
-    assert cpu_avx2.supports_attention(cache16, 6)
-    assert not cpu_avx2.supports_attention(cache16.float(), 6)              # fp32 cache: torch path
-    assert not cpu_avx2.supports_attention(cache16, 5)                      # heads not a multiple
-    assert not cpu_avx2.supports_attention(torch.zeros(2, 4, 2, 60, dtype=torch.bfloat16), 4)
+    assert cpu_ops.supports_attention(cache16, 6)
+    assert not cpu_ops.supports_attention(cache16.float(), 6)              # fp32 cache: torch path
+    assert not cpu_ops.supports_attention(cache16, 5)                      # heads not a multiple
+    assert not cpu_ops.supports_attention(torch.zeros(2, 4, 2, 60, dtype=torch.bfloat16), 4)
 
 
 @pytest.mark.parametrize("seq_lens", [[333], [3, 400], [0, 130]])
@@ -174,7 +175,7 @@ def test_paged_decode_attention16_splits_the_keys_of_small_batches(float32_arith
     block_tables = (1 + torch.randperm(num_blocks - 1, generator=generator)).view(len(seq_lens), -1).int()
     query = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator)
     with _torch_threads(2):              # four jobs a thread wanted: every case here splits
-        got = cpu_avx2.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, 0.125)
+        got = cpu_ops.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, 0.125)
     expected = paged_decode_attention_torch(query, key_cache.float(), value_cache.float(), seq_lens, block_tables,
                                             0.125)
     nonempty = seq_lens > 0
@@ -202,7 +203,7 @@ def test_paged_attention16_matches_the_reference_on_mixed_chunks(float32_arithme
     seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
     expected = paged_attention_torch(query[:tokens], key_cache.float(), value_cache.float(), query_start_loc,
                                      seq_lens, block_tables, 0.2)
-    got = cpu_avx2.paged_attention16(query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, 0.2)
+    got = cpu_ops.paged_attention16(query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, 0.2)
     torch.testing.assert_close(got[:tokens], expected, atol=1e-5, rtol=1e-4)
     assert torch.equal(got[tokens:], torch.zeros_like(got[tokens:]))
 
@@ -225,13 +226,13 @@ def test_bf16_dot_attention_rounds_the_query_to_bf16(num_heads, num_kv_heads, he
     block_tables = (1 + torch.randperm(num_blocks - 1, generator=generator)).view(len(seq_lens), -1).int()
     query = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator)
     scale = head_dim**-0.5
-    was = cpu_avx2.set_bf16_dot(True)
+    was = cpu_ops.set_bf16_dot(True)
     try:
-        got = cpu_avx2.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, scale)
-        got_fp16 = cpu_avx2.paged_decode_attention16(query, key_cache.half(), value_cache.half(), seq_lens,
+        got = cpu_ops.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, scale)
+        got_fp16 = cpu_ops.paged_decode_attention16(query, key_cache.half(), value_cache.half(), seq_lens,
                                                      block_tables, scale)
     finally:
-        cpu_avx2.set_bf16_dot(was)
+        cpu_ops.set_bf16_dot(was)
     exact = paged_decode_attention_torch(query, key_cache.float(), value_cache.float(), seq_lens, block_tables, scale)
     if head_dim % 32 == 0:
         rounded = paged_decode_attention_torch(query.bfloat16().float(), key_cache.float(), value_cache.float(),
@@ -256,17 +257,17 @@ def test_rms_norm_matches_the_reference_with_and_without_the_residual(weight_dty
     generator = torch.Generator().manual_seed(rows * n)
     x, residual = torch.randn(2, rows, n, generator=generator) * 3
     weight = (1 + 0.1 * torch.randn(n, generator=generator)).to(weight_dtype)
-    assert cpu_avx2.takes_rms_norm(x, weight, residual)
+    assert cpu_ops.takes_rms_norm(x, weight, residual)
     got, total = kernels.rms_norm(x, weight, 1e-6, residual)
     expected, expected_total = rms_norm_torch(x, weight, 1e-6, residual)
     assert torch.equal(total, expected_total) and total.data_ptr() not in (x.data_ptr(), residual.data_ptr())
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-6)
     torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-6), rms_norm_torch(x, weight, 1e-6), atol=2e-6,
                                rtol=2e-6)
-    assert not cpu_avx2.takes_rms_norm(x.bfloat16(), weight, None)                  # 16-bit rows: torch
-    assert not cpu_avx2.takes_rms_norm(torch.zeros(rows, 2 * n)[:, ::2], weight, None)      # not contiguous
+    assert not cpu_ops.takes_rms_norm(x.bfloat16(), weight, None)                  # 16-bit rows: torch
+    assert not cpu_ops.takes_rms_norm(torch.zeros(rows, 2 * n)[:, ::2], weight, None)      # not contiguous
     with pytest.raises(ValueError, match="rms_norm"):
-        cpu_avx2.rms_norm(x[:, :-1].contiguous(), weight, 1e-6)
+        cpu_ops.rms_norm(x[:, :-1].contiguous(), weight, 1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -277,12 +278,12 @@ def test_silu_and_mul_matches_the_reference(dtype, rows, width):
     import kernels
     from kernels import silu_and_mul_torch
 
-    if dtype == torch.bfloat16 and not cpu_avx2.bf16_dot_possible():
-        assert not cpu_avx2.takes_silu_and_mul(torch.zeros(2, 4, dtype=dtype))
+    if dtype == torch.bfloat16 and not cpu_ops.bf16_dot_possible():
+        assert not cpu_ops.takes_silu_and_mul(torch.zeros(2, 4, dtype=dtype))
         pytest.skip("bf16 rows take the C kernel only on a CPU with AVX-512 BF16")
     generator = torch.Generator().manual_seed(rows + width)
     x = (torch.randn(rows, width, generator=generator) * 4).to(dtype)
-    assert cpu_avx2.takes_silu_and_mul(x)
+    assert cpu_ops.takes_silu_and_mul(x)
     got, expected = kernels.silu_and_mul(x), silu_and_mul_torch(x)
     assert got.dtype == dtype and got.shape == (rows, width // 2)
     if dtype == torch.float32:
@@ -290,7 +291,7 @@ def test_silu_and_mul_matches_the_reference(dtype, rows, width):
     else:           # the same bf16 value, or one step apart where the two exps straddle a rounding boundary
         torch.testing.assert_close(got.float(), expected.float(), atol=0, rtol=2**-7)
         assert (got != expected).float().mean() < 0.01
-    assert not cpu_avx2.takes_silu_and_mul(torch.zeros(3, 5))                     # odd width: torch
+    assert not cpu_ops.takes_silu_and_mul(torch.zeros(3, 5))                     # odd width: torch
 
 
 def test_rope_matches_the_reference_on_a_slice_of_the_fused_qkv():
@@ -303,8 +304,8 @@ def test_rope_matches_the_reference_on_a_slice_of_the_fused_qkv():
     qkv = torch.randn(tokens, heads * dim + 2 * dim, generator=generator)
     x = qkv[:, : heads * dim].view(tokens, heads, dim)
     factors = rope_rows(rope_cos_sin_cache(dim, 512, 10000.0, None), torch.randint(0, 512, (tokens,)))
-    assert cpu_avx2.takes_rope(factors, x)
+    assert cpu_ops.takes_rope(factors, x)
     swapped = x.unflatten(-1, (2, dim // 2)).flip(-2).flatten(-2)
-    assert torch.equal(cpu_avx2.rope(factors, x), x * factors[0] + swapped * factors[1])
-    assert not cpu_avx2.takes_rope(factors, x.bfloat16())
-    assert not cpu_avx2.takes_rope(factors[:, :-1], x)
+    assert torch.equal(cpu_ops.rope(factors, x), x * factors[0] + swapped * factors[1])
+    assert not cpu_ops.takes_rope(factors, x.bfloat16())
+    assert not cpu_ops.takes_rope(factors[:, :-1], x)

@@ -1,12 +1,12 @@
 /* The CPU kernels for 16-bit models on AVX2 (+FMA, F16C): what a decode step spends its time in. Their
- * sources, compiled together into one library by kernels/cpu_avx2.py, share this header:
- *   cpu_gemm.c         gemm16 (and the work sharing by stealing, the AVX-512 BF16 tiles)
- *   cpu_attention.c    paged_decode_attention16 (decode, and prefill as decode rows)
- *   cpu_decode.c       decode_forward16
- *   cpu_elementwise.c  rms_norm_f32, rope_f32, silu_and_mul_f32/_bf16, sample_exp_rows, the row helpers
- *   cpu_quant.c        gemm_q (GGUF-quantized weights, 8-bit activations, integer dot products),
+ * sources, compiled together into one library by kernels/cpu/build.py, share this header:
+ *   gemm.c         gemm16 (and the work sharing by stealing, the AVX-512 BF16 tiles)
+ *   attention.c    paged_decode_attention16 (decode, and prefill as decode rows)
+ *   decode.c       decode_forward16
+ *   elementwise.c  rms_norm_f32, rope_f32, silu_and_mul_f32/_bf16, sample_exp_rows, the row helpers
+ *   quant.c        gemm_q (GGUF-quantized weights, 8-bit activations, integer dot products),
  *                      matmul_weight (a Weight of either kind)
- *   cpu_quant_pack.c   repack_q, dequantize_packed_rows, the activations' quantization (cpu_quant.h)
+ *   quant_pack.c   repack_q, dequantize_packed_rows, the activations' quantization (quant.h)
  *
  * gemm16: y[M, N] = x[M, K] @ w[N, K]^T for 16-bit weights (bf16 or fp16) and float32 activations.
  * torch's own bf16/fp16 matmul on CPUs without AVX-512 BF16 or AMX is compute-bound on the conversion
@@ -124,16 +124,16 @@ typedef struct {
     int32_t num_parts;
 } Weight;
 
-/* cpu_gemm.c: fn(args, lo, hi) over the units [0, n), `step` at a time, each thread first taking its own
+/* gemm.c: fn(args, lo, hi) over the units [0, n), `step` at a time, each thread first taking its own
  * contiguous range, then stealing from the back of the others' */
 INTERNAL void share_units(int64_t n, int64_t step, int num_threads, void (*fn)(const void *, int64_t, int64_t),
                           const void *args);
 
-/* cpu_gemm.c: whether the AVX-512 BF16 paths run (set_bf16_dot) */
+/* gemm.c: whether the AVX-512 BF16 paths run (set_bf16_dot) */
 extern int use_bf16_dot;
 
-/* cpu_gemm.c: x [M, K] float32 -> xb [M, Kp] bf16 (round to nearest even), zero past K up to Kp (a multiple
- * of 32); also the bf16 query of cpu_attention.c */
+/* gemm.c: x [M, K] float32 -> xb [M, Kp] bf16 (round to nearest even), zero past K up to Kp (a multiple
+ * of 32); also the bf16 query of attention.c */
 BF16_TARGET INTERNAL void rows_to_bf16(const float *x, uint16_t *xb, int64_t M, int64_t K, int64_t Kp);
 
 void gemm16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int is_bf16,
@@ -147,7 +147,7 @@ void gemm_q(const float *x, int64_t ldx, const void *w, int type, float *y, int6
             int64_t K, int num_threads);
 void matmul_weight(const Weight *w, const float *x, float *y, int64_t M, int64_t K, int precise, int num_threads);
 
-/* cpu_elementwise.c: one thread's row helpers, also used by decode_forward16 */
+/* elementwise.c: one thread's row helpers, also used by decode_forward16 */
 INTERNAL void rms_norm_rows(const float *x, const uint16_t *w, float *out, int64_t T, int64_t n, float eps,
                             int is_bf16);
 INTERNAL void add_rows(float *acc, const float *x, int64_t count);

@@ -1,5 +1,5 @@
-/* gemm16: 16-bit weights times float32 activations (see cpu_kernels.h). */
-#include "cpu_kernels.h"
+/* gemm16: 16-bit weights times float32 activations (see kernels.h). */
+#include "kernels.h"
 
 /* Weight prefetches go to L2 (_MM_HINT_T1), far enough ahead to cover memory's latency at full bandwidth:
  * into L1 they streamed slower (likely capped by the core's few L1 miss buffers). On Zen 4 (bf16, medians

@@ -1,5 +1,5 @@
-/* decode_forward16: a whole pure-decode step of a Llama-family model in one call (see cpu_kernels.h). */
-#include "cpu_kernels.h"
+/* decode_forward16: a whole pure-decode step of a Llama-family model in one call (see kernels.h). */
+#include "kernels.h"
 
 /* One decoder layer's 16-bit tensors (NULL where the model has none), its matmul weights (16-bit or
  * GGUF-quantized) and its paged KV cache. */

@@ -1,4 +1,4 @@
-"""kernels/cpu_quant (GGUF-quantized weights times float32 activations) against the float reference of the same
+"""kernels/cpu/quant (GGUF-quantized weights times float32 activations) against the float reference of the same
 blocks, for every type with a kernel, on the AVX2 path and (where the CPU has it) the AVX-512 VNNI path, over
 shapes with row, column and block tails; and kernels/gguf_blocks' reading of the blocks against the gguf
 package's own dequantization.
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cpu_quant
+from kernels.cpu import quant as cpu_quant
 from kernels import gguf_blocks
 from kernels.gguf_blocks import QUANT_TYPES, TYPE_IDS, QuantizedWeight, dequantize, unpack
 

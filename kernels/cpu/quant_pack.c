@@ -1,7 +1,7 @@
 /* Repacking a matrix's GGUF blocks into 16-row tiles (once, at load), reading rows back (a quantized token
- * embedding), and quantizing activations to int8: the parts of kernels/cpu_quant.c's scheme that are not
+ * embedding), and quantizing activations to int8: the parts of kernels/cpu/quant.c's scheme that are not
  * its matmul kernels (see that file). */
-#include "cpu_quant.h"
+#include "quant.h"
 
 /* bytes of the repacked N x K matrix of `type`; 0 for a type without a kernel here */
 int64_t packed_bytes(int type, int64_t N, int64_t K) {

@@ -1,6 +1,6 @@
 /* The row-wise ops: RMSNorm, RoPE, SiLU-and-mul (the eager path's, and the row helpers of decode_forward16)
- * and the sampler's draw (see cpu_kernels.h). */
-#include "cpu_kernels.h"
+ * and the sampler's draw (see kernels.h). */
+#include "kernels.h"
 
 /* ---------------------------------------------------------------- SiLU-and-mul of bf16 rows (AVX-512 BF16)
  * Where bf16 is native, the SwiGLU gate comes out of torch's matmul in bf16 (cpu_matmul.matmul_native16):

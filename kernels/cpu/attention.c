@@ -1,5 +1,5 @@
-/* Decode and prefill attention over the paged 16-bit KV cache (see cpu_kernels.h). */
-#include "cpu_kernels.h"
+/* Decode and prefill attention over the paged 16-bit KV cache (see kernels.h). */
+#include "kernels.h"
 
 /* ---------------------------------------------------------------- decode attention */
 

@@ -1,6 +1,6 @@
-/* GGUF-quantized weights times float32 activations (see cpu_kernels.h): gemm_q, matmul_weight; the
- * repacking at load, the embedding lookup and the activations' quantization are in cpu_quant_pack.c, the
- * layout both read in cpu_quant.h.
+/* GGUF-quantized weights times float32 activations (see kernels.h): gemm_q, matmul_weight; the
+ * repacking at load, the embedding lookup and the activations' quantization are in quant_pack.c, the
+ * layout both read in quant.h.
  *
  * Every supported block type is, per group of values, weight = scale * code + offset with an unsigned
  * code (kernels/gguf_blocks.py has the table): legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) one fp16 scale a
@@ -23,11 +23,11 @@
  * (VPMADDUBSW + VPMADDWD, 8 rows a 32-byte half) keeps Q8_0's codes signed, multiplying |w| by x with w's
  * sign (VPMADDUBSW would saturate at 255 * 127 * 2 with the codes offset to unsigned).
  *
- * Work: tiles are shared out by stealing (share_units, cpu_gemm.c), each thread streaming a contiguous run;
+ * Work: tiles are shared out by stealing (share_units, gemm.c), each thread streaming a contiguous run;
  * every tile meets all activation rows, QMR at a time (a 16-row decode step unpacks each tile once per QMR
  * rows, not once per row); prefill-sized inputs go in chunks of MC rows so that a chunk stays in L2.
  */
-#include "cpu_quant.h"
+#include "quant.h"
 
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #ifndef QMR
@@ -345,7 +345,7 @@ void gemm_q(const float *x, int64_t ldx, const void *w, int type, float *y, int6
     free(a.xq);
 }
 
-/* y = x @ W^T for a Weight (see cpu_kernels.h): a 16-bit matrix through gemm16, or repacked quantized
+/* y = x @ W^T for a Weight (see kernels.h): a 16-bit matrix through gemm16, or repacked quantized
  * parts, each into its own columns of y, the activations quantized once for all of them. `precise`: with
  * two 8-bit planes (quantize_act), twice the integer work for ~15-bit activations (the LM head, whose
  * rounding decides tokens). */

@@ -1,12 +1,12 @@
-/* Shared by kernels/cpu_quant.c (the matmul kernels) and kernels/cpu_quant_pack.c (repacking at load,
+/* Shared by kernels/cpu/quant.c (the matmul kernels) and kernels/cpu/quant_pack.c (repacking at load,
  * the embedding lookup, activation quantization): the GGML type ids with kernels, the layout of their
- * repacked 16-row tiles, and the quantized activations. See cpu_quant.c for the scheme. */
+ * repacked 16-row tiles, and the quantized activations. See quant.c for the scheme. */
 #ifndef RINGSERVE_CPU_QUANT_H
 #define RINGSERVE_CPU_QUANT_H
 
 #include <string.h>
 
-#include "cpu_kernels.h"
+#include "kernels.h"
 
 enum { T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
        T_Q6_K = 14, T_BF16 = 30 };
@@ -15,7 +15,7 @@ enum { T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_
 #define TILE 16
 
 /* A type's block in the file (values, bytes a row) and the repacked unit of 16 rows: its bytes and where
- * each field starts. Codes come first in 64-byte vectors (see cpu_quant.c); then, by type:
+ * each field starts. Codes come first in 64-byte vectors (see quant.c); then, by type:
  * masks: Q5's fifth bits, 16 bytes a code vector (a 64-bit mask for the low nibbles' values, one for the
  * high); plane: Q6_K's top two bits, a 64-byte vector for every two code vectors; d, dmin/m: 16 fp16;
  * sc, mn: a byte per row and group. */
@@ -68,7 +68,7 @@ typedef struct {
 } Act;
 
 /* x's M rows (row stride ldx) quantized; with `precise`, rows M..2M-1 hold their rounding error quantized
- * again (cpu_quant_pack.c). free(a.xq) releases it. */
+ * again (quant_pack.c). free(a.xq) releases it. */
 INTERNAL Act quantize_act(const float *x, int64_t ldx, int64_t M, int64_t K, int precise, int num_threads);
 
 #endif

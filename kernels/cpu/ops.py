@@ -1,111 +1,43 @@
-"""CPU kernels for 16-bit models on AVX2 (kernels/cpu_*.c, kernels/cpu_kernels.h), built on first use with
-the system's C compiler and called through ctypes: `gemm16` (16-bit weights times float32 activations),
-`paged_decode_attention16` / `paged_attention16` (decode and prefill attention read in place from the paged
-16-bit KV cache), `DecodeStack` (a whole pure-decode step of a Llama-family model in one call) and
-`sample_exp_rows` (the sampler's one-pass draw of rows without top-k/top-p).
+"""The CPU kernels' ctypes face (the C in this package, built by kernels/cpu/build.py): `gemm16` (16-bit
+weights times float32 activations), `paged_decode_attention16` / `paged_attention16` (decode and prefill
+attention read in place from the paged 16-bit KV cache), `DecodeStack` (a whole decode step of a
+Llama-family model in one call, several query tokens a request when drafts are verified), one-pass
+RMSNorm, SiLU-and-mul and RoPE, and `sample_exp_rows` (the sampler's one-pass draw of rows without
+top-k/top-p). kernels/cpu/quant.py is the face of the quantized-weight kernels in the same library.
 
 Why: on x86 CPUs without AVX-512 BF16/AMX, torch's bf16 and fp16 matmuls widen the weights slowly and reach
 ~8 GB/s, below its own fp32 path, while a decode step at small batch is bound by reading the weights; and
 its decode attention gathers the paged K and V into new tensors before SDPA. These kernels read each 16-bit
 weight and each cached key once and widen them in registers (float32 arithmetic throughout, as a GPU's
-half-precision kernels). They are accelerators, never requirements: with no compiler, another CPU, or
-RINGSERVE_CPU_KERNELS=0, `available()` is False and callers use the torch paths. Each has a test against
-the torch reference (tests/kernels/test_cpu_avx2.py).
-
-The sources (cpu_gemm.c, cpu_attention.c, cpu_decode.c, cpu_elementwise.c, their header cpu_kernels.h,
-and the quantized kernels cpu_quant.c, cpu_quant_pack.c, cpu_quant.h that kernels/cpu_quant.py wraps)
-build into one library, cached under ~/.cache/ringserve/kernels by a hash of the sources and compiler
-flags; a build takes about five seconds. It links libgomp by soname, so it shares torch's OpenMP runtime
-(one thread pool) instead of starting a second one.
+half-precision kernels), with AVX2 paths everywhere and AVX-512 BF16 dot products where the CPU has them.
+They are accelerators, never requirements: with no compiler, another CPU, or RINGSERVE_CPU_KERNELS=0,
+`available()` is False and callers use the torch paths. Each has a test against the torch reference
+(tests/kernels/cpu/test_ops.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
 import os
-import shutil
-import subprocess
-import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = tuple(os.path.join(_HERE, name) for name in
-                ("cpu_gemm.c", "cpu_attention.c", "cpu_decode.c", "cpu_elementwise.c", "cpu_quant.c",
-                 "cpu_quant_pack.c"))
-HEADERS = tuple(os.path.join(_HERE, name) for name in ("cpu_kernels.h", "cpu_quant.h"))
-COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-std=c11")
-LINK_FLAGS = ("-fopenmp", "-shared", "-lm")
-REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+from kernels.cpu import build
+from kernels.cpu.build import cpu_flags
+
 BF16_DOT_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")    # VDPBF16PS (e.g. AMD Zen 4)
 SUPPORTED = (torch.bfloat16, torch.float16)
-MAX_GROUP, MAX_HEAD_DIM = 16, 256          # as in cpu_attention.c
+MAX_GROUP, MAX_HEAD_DIM = 16, 256          # as in attention.c
 _bf16_dot = False                          # the library's AVX-512 switch (set_bf16_dot), mirrored here
-logger = logging.getLogger("ringserve.kernels")
-
-
-def _cache_dir() -> str:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "ringserve", "kernels")
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo; None where there is none to read (not Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return None
 
 
 def _has_flags(wanted: tuple[str, ...]) -> bool:
     return all(flag in (cpu_flags() or ()) for flag in wanted)
 
 
-def _cpu_supported() -> bool:
-    return _has_flags(REQUIRED_CPU_FLAGS)
-
-
-def _build(compiler: str) -> str:
-    text = b""
-    for path in (*HEADERS, *SOURCES):
-        with open(path, "rb") as f:
-            text += f.read()
-    digest = hashlib.sha256(text + " ".join(COMPILE_FLAGS + LINK_FLAGS).encode()).hexdigest()[:16]
-    target = os.path.join(_cache_dir(), f"cpu_avx2-{digest}.so")
-    if os.path.isfile(target):
-        return target
-    os.makedirs(_cache_dir(), exist_ok=True)
-    # A first start says what it is waiting for: one line per compiled file (the files compile in parallel).
-    logger.info("building the CPU kernels (first use only; cached in %s): %d C files", _cache_dir(), len(SOURCES))
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(dir=_cache_dir()) as staging:
-        objects = [os.path.join(staging, os.path.basename(source)[:-2] + ".o") for source in SOURCES]
-
-        def compile_one(index: int) -> str:
-            subprocess.run([compiler, *COMPILE_FLAGS, "-c", SOURCES[index], "-o", objects[index]], check=True,
-                           capture_output=True, timeout=120)
-            return os.path.basename(SOURCES[index])
-
-        with ThreadPoolExecutor(max_workers=max(1, min(len(SOURCES), os.cpu_count() or 1))) as pool:
-            for done, name in enumerate(pool.map(compile_one, range(len(SOURCES))), 1):
-                logger.info("  compiled %s (%d/%d)", name, done, len(SOURCES))
-        library = os.path.join(staging, "cpu_avx2.so")
-        subprocess.run([compiler, *objects, *LINK_FLAGS, "-o", library], check=True, capture_output=True,
-                       timeout=120)
-        os.replace(library, target)                  # atomic: concurrent builders all end with one file
-    logger.info("built the CPU kernels in %.1f s", time.monotonic() - start)
-    return target
-
-
 class Weight(ctypes.Structure):
-    """cpu_kernels.h's Weight: one 16-bit matrix, or GGUF-quantized parts stacked by output rows."""
+    """kernels.h's Weight: one 16-bit matrix, or GGUF-quantized parts stacked by output rows."""
     _fields_ = [("data", ctypes.c_void_p * 4), ("rows", ctypes.c_int64 * 4), ("type", ctypes.c_int32 * 4),
                 ("num_parts", ctypes.c_int32)]
 
@@ -115,7 +47,7 @@ MATMULS = ("qkv", "o_proj", "gate_up", "down")
 
 
 def weight_descriptor(weight) -> Weight:
-    """The C Weight of a contiguous 16-bit CPU matrix, or a kernels/cpu_quant.PackedWeight's own (it points
+    """The C Weight of a contiguous 16-bit CPU matrix, or a kernels/cpu/quant.PackedWeight's own (it points
     into the weight: keep the weight alive)."""
     if not isinstance(weight, torch.Tensor):
         return weight.descriptor
@@ -139,14 +71,8 @@ class _Model(ctypes.Structure):
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if os.environ.get("RINGSERVE_CPU_KERNELS", "1") == "0" or not _cpu_supported():
-        return None
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        return None
-    try:
-        lib = ctypes.CDLL(_build(compiler))
-    except (OSError, subprocess.SubprocessError):
+    lib = build.load()
+    if lib is None:
         return None
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.gemm16.restype = None
@@ -290,7 +216,7 @@ def sample_exp_rows(logits: torch.Tensor, rows: torch.Tensor | None, inv_tempera
                     shift: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of logits (or of logits[rows]) drawn with weights exp(l * inv_temperature - shift),
     a weight below 1 counting as 0, by inverse CDF with the row's uniform number: int64 [n]. The weights of
-    engine/sample/sampler.py's full-vocabulary rows, in one C pass per row (see cpu_elementwise.c).
+    engine/sample/sampler.py's full-vocabulary rows, in one C pass per row (see elementwise.c).
 
     logits float32 [S, V] contiguous on the CPU; rows int64 [n] or None (n = S); inv_temperature and shift
     float32 [n]; uniforms float64 [n] in [0, 1). Only call when available()."""
@@ -373,7 +299,7 @@ class DecodeStack:
     place. Built once per KV cache; holds the tensors it points at. Only construct when available().
 
     layers: per layer a dict of LAYER_TENSORS (16-bit, contiguous, all in one dtype; qkv_bias, q_norm and
-    k_norm may be None; the MATMULS may instead be kernels/cpu_quant.PackedWeights) plus "kv_cache" ([2, num_blocks,
+    k_norm may be None; the MATMULS may instead be kernels/cpu/quant.PackedWeights) plus "kv_cache" ([2, num_blocks,
     block_size, Hk, D], the same dtype).
     """
 
