@@ -86,6 +86,14 @@ class LLM:
     def stop_profile(self) -> str:
         return self.engine.call_sync("stop_profile")
 
+    def sleep(self, level: int = 1) -> str:
+        """vLLM's sleep mode: free the KV cache (level 1) or the weights too (level 2); the next request or
+        wake_up() restores them."""
+        return self.engine.call_sync("sleep", level=level)
+
+    def wake_up(self) -> str:
+        return self.engine.call_sync("wake_up")
+
     def get_default_sampling_params(self) -> SamplingParams:
         """The params of a generate() or chat() call that passes none: the engine's sampling defaults
         (--generation-config, --override-generation-config), max_tokens 16 unless they set one (vLLM's)."""

@@ -60,7 +60,8 @@ class AbortRequests(_Msg, tag="abort"):
 
 class ControlCall(_Msg, tag="call"):
     call_id: int
-    method: str                       # start_profile | stop_profile | reset_prefix_cache | shutdown
+    method: str                       # start_profile | stop_profile | reset_prefix_cache | sleep | wake_up |
+                                      # shutdown
     args: dict[str, str | int | float | bool | None] = {}
 
 
@@ -74,6 +75,14 @@ class EngineReady(_Msg, tag="ready"):
     max_model_len: int
     pids: dict[str, int]              # "scheduler", "executor0", ... -> pid
     weight_bytes: dict[str, int] = msgspec.field(default_factory=dict)   # by GGUF type or dtype, all ranks
+
+
+class EngineLoading(_Msg, tag="loading"):
+    """Startup progress, before EngineReady: the executors' weights (done of total checkpoint tensors),
+    then the KV cache being sized and allocated (stage "kv_cache")."""
+    stage: str                        # weights | kv_cache
+    done: int = 0
+    total: int = 0
 
 
 class SchedulerStats(_Msg, tag="stats"):
@@ -135,7 +144,7 @@ class EngineDead(_Msg, tag="dead"):
     message: str                      # which process died and how, or what failed at startup
 
 
-EngineOut = EngineReady | EngineOutputs | ControlReply | EngineDead
+EngineOut = EngineReady | EngineLoading | EngineOutputs | ControlReply | EngineDead
 
 
 # ----------------------------------------------------------------------------- scheduler -> executors
@@ -184,7 +193,7 @@ class SchedulerOutput(_Msg, tag="step"):
 
 class ExecutorCall(_Msg, tag="call"):
     call_id: int
-    method: str                       # start_profile | stop_profile | shutdown
+    method: str                       # initialize | start_profile | stop_profile | sleep | wake_up | shutdown
     args: dict[str, str | int | float | bool | None] = {}
 
 
@@ -197,6 +206,13 @@ class ExecutorReady(_Msg, tag="ready"):
     num_blocks: int
     pid: int
     weight_bytes: dict[str, int] = msgspec.field(default_factory=dict)   # this rank's, by type (the startup line)
+
+
+class ExecutorLoading(_Msg, tag="loading"):
+    """Rank 0's weight-loading progress during startup (forwarded to the frontend as EngineLoading)."""
+    rank: int
+    done: int
+    total: int
 
 
 class ModelRunnerOutput(_Msg, tag="result"):
@@ -224,4 +240,4 @@ class ExecutorFailed(_Msg, tag="failed"):
     message: str                      # the original error text (last lines of the traceback)
 
 
-ExecutorOut = ExecutorReady | ModelRunnerOutput | ExecutorReply | ExecutorFailed
+ExecutorOut = ExecutorReady | ExecutorLoading | ModelRunnerOutput | ExecutorReply | ExecutorFailed

@@ -48,6 +48,7 @@ class RequestDelta:
     timestamp: float = 0.0                      # time.monotonic() of the engine step
     error: str | None = None                    # with finish_reason "error": what went wrong, for the user
     pooled: np.ndarray | None = None            # a pooling request's vector (float32), in its finishing delta
+    engine: int = 0                             # the data-parallel engine that ran it (metrics' `engine`)
 
 
 @dataclass(slots=True)

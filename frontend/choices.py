@@ -11,7 +11,7 @@ from __future__ import annotations
 from engine.client.detokenizer import Detokenizer
 from engine.outputs import RequestDelta, TokenLogprobs
 from engine.sampling_params import SamplingParams
-from frontend.metrics import RequestEventLog, ServerMetrics
+from frontend.metrics import EngineMetrics, ModelMetrics, RequestEventLog
 
 
 class Choice:
@@ -20,11 +20,11 @@ class Choice:
     __slots__ = ("index", "request_id", "prompt_token_ids", "params", "arrival_time", "detokenizer",
                  "pending_text", "num_output_tokens", "finish_reason", "stop_reason", "num_cached_tokens",
                  "scheduled_time", "first_token_time", "last_token_time", "texts", "token_ids", "logprobs",
-                 "prompt_logprobs", "chunk_head", "chunk_tail", "text_offset", "prompt_position", "_metrics",
-                 "_events")
+                 "prompt_logprobs", "chunk_head", "chunk_tail", "text_offset", "prompt_position", "_model_metrics",
+                 "_metrics", "_events")
 
     def __init__(self, index: int, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 detokenizer: Detokenizer, arrival_time: float, metrics: ServerMetrics,
+                 detokenizer: Detokenizer, arrival_time: float, metrics: ModelMetrics,
                  events: RequestEventLog, *, keep_output: bool, echo_text: str = ""):
         self.index = index
         self.request_id = request_id
@@ -49,9 +49,9 @@ class Choice:
         self.chunk_tail = b""
         self.text_offset = 0                   # characters sent so far (completions logprobs' text_offset)
         self.prompt_position = 0               # prompt logprobs streamed so far (echo)
-        self._metrics = metrics
+        self._model_metrics = metrics
+        self._metrics: EngineMetrics | None = None     # the series of the engine that runs it: first delta
         self._events = events
-        metrics.prompt_tokens += len(prompt_token_ids)
         if events.active:
             events.record({"event": "arrival", "request_id": request_id, "time": arrival_time,
                            "prompt_tokens": len(prompt_token_ids)})
@@ -59,8 +59,10 @@ class Choice:
     def process(self, delta: RequestDelta) -> str:
         """Take one step's news; return the text it makes final. Sets finish_reason when the choice ends."""
         ids = delta.new_token_ids
+        metrics = self._metrics
+        if metrics is None:
+            metrics = self._engine_metrics(delta.engine)
         if ids:
-            metrics = self._metrics
             now = delta.timestamp
             if self.first_token_time is None:
                 self.first_token_time = now
@@ -110,8 +112,9 @@ class Choice:
             return
         self.finish_reason = reason
         self.stop_reason = stop_reason
-        self._metrics.record_finished(reason, self.arrival_time, self.scheduled_time, self.first_token_time,
-                                      self.last_token_time)
+        metrics = self._metrics or self._engine_metrics(0)     # a request that ended before any step
+        metrics.record_finished(reason, self.arrival_time, self.scheduled_time, self.first_token_time,
+                                self.last_token_time)
         if self._events.active:
             self._events.record({
                 "event": "finish", "request_id": self.request_id, "finish_reason": reason,
@@ -120,6 +123,12 @@ class Choice:
                 "prompt_tokens": len(self.prompt_token_ids), "output_tokens": self.num_output_tokens,
                 "cached_tokens": self.num_cached_tokens,
             })
+
+    def _engine_metrics(self, engine: int) -> EngineMetrics:
+        """The engine's series, picked once (the engine takes the prompt with the request's first step)."""
+        self._metrics = self._model_metrics.engine(engine)
+        self._metrics.prompt_tokens += len(self.prompt_token_ids)
+        return self._metrics
 
     @property
     def text(self) -> str:

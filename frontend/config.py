@@ -42,8 +42,18 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     reasoning_parser: str | None = None      # split <think> reasoning out of the output
     reasoning_field: str = "reasoning"       # response field(s) of the reasoning: vLLM's, DeepSeek's, both
     default_chat_template_kwargs: dict = {}  # under each request's chat_template_kwargs
+    # several models (frontend/models/): a model per GGUF file or config.json directory in models_dir
+    models_dir: str | None = None
+    models_max: int | None = None            # engines loaded at once (least recently used unloaded first);
+                                             # None: as many as there are models
+    idle_unload: float | None = None         # seconds unused after which a model's engine stops
+    models_parked: int = 0                   # engines kept asleep at level 2 (processes, no weights) when
+                                             # their model makes room for another: a swap back is a wake
+    models_wait: float = 60.0                # seconds a request waits for room before a 503
     web_ui: bool = True                      # the chat page at / (--no-web-ui: off)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    engine_flags: EngineConfig | None = None   # the engine flags as given (not finalized): what the models
+                                               # of models_dir start from, under their settings files
 
     @property
     def api_keys(self) -> list[str]:
@@ -75,6 +85,13 @@ class ServerConfig(msgspec.Struct, kw_only=True):
         if self.reasoning_field not in REASONING_FIELDS:
             raise ConfigError(f"reasoning_field must be one of {', '.join(REASONING_FIELDS)}; "
                               f"got {self.reasoning_field!r}")
+        if self.models_max is not None and self.models_max < 1:
+            raise ConfigError(f"models_max must be at least 1, got {self.models_max}")
+        if self.models_parked < 0:
+            raise ConfigError(f"models_parked must be >= 0, got {self.models_parked}")
+        for name in ("idle_unload", "models_wait"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser")
         return self

@@ -164,7 +164,8 @@ class EmbeddingService:
             if error.status == 500:
                 logger.error("request %s failed: %s: %s", job.request_id, type(e).__name__, e, exc_info=e)
             raise error from None
-        metrics = self.ctx.metrics
+        # The series of the engine asked for (a pooling result does not say which data-parallel engine served it).
+        metrics = self.ctx.metrics.engine(job.data_parallel_rank or 0)
         metrics.prompt_tokens += job.prompt_tokens
         metrics.e2e_request_latency.observe(time.monotonic() - job.arrival)
         return vectors

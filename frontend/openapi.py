@@ -15,6 +15,7 @@ import msgspec
 
 from frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from frontend.chat.protocol import ChatCompletionRequest
+from frontend.models.routes import ModelRequest
 from frontend.ollama.protocol import (
     OllamaChatRequest,
     OllamaCopyRequest,
@@ -88,6 +89,7 @@ RESPONSE_SCHEMAS = {
     "Tokenized": _obj({"count": INT, "max_model_len": INT, "tokens": {"type": "array", "items": INT}}),
     "Detokenized": _obj({"prompt": STR}),
     "Version": _obj({"version": STR}),
+    "Sleeping": _obj({"is_sleeping": BOOL}),
     "Object": OBJ,
     "OllamaError": _obj({"error": STR}),
     "OllamaChat": _obj({"model": STR, "created_at": STR, "done": BOOL,
@@ -108,6 +110,7 @@ RESPONSE_SCHEMAS = {
     "ResponsesEvent": _obj({"data": STR, "event": {"type": "string", "pattern": "^(response\\.[a-z_.]+|error)$"}}),
 }
 EVENT_SCHEMAS = {"/v1/messages": "AnthropicEvent", "/v1/responses": "ResponsesEvent"}
+SLEEP_PATHS = ("/sleep", "/wake_up", "/is_sleeping")
 NDJSON = "application/x-ndjson"          # Ollama's streams: one JSON object a line
 
 
@@ -133,7 +136,12 @@ OPERATIONS = [
     Operation("POST", "/v1/responses", "Responses (OpenAI)", ResponsesRequest, "ResponseObject", True),
     Operation("GET", "/v1/responses/{response_id}", "A stored response", None, "ResponseObject"),
     Operation("DELETE", "/v1/responses/{response_id}", "Delete a stored response", None, "ResponseDeleted"),
-    Operation("GET", "/v1/models", "The served model", None, "ModelList"),
+    Operation("GET", "/v1/models", "The served models and their states", None, "ModelList"),
+    Operation("POST", "/models/load", "Load a model (llama-server's router)", ModelRequest, "Object"),
+    Operation("POST", "/models/unload", "Unload a model once its requests have finished", ModelRequest, "Object"),
+    Operation("POST", "/sleep", "Free a model's KV cache (level=1) or its weights too (level=2); ?model=NAME"),
+    Operation("POST", "/wake_up", "Wake a sleeping model; ?model=NAME"),
+    Operation("GET", "/is_sleeping", "Whether a model sleeps; ?model=NAME", None, "Sleeping"),
     Operation("POST", "/v1/embeddings", "Embeddings (OpenAI; a pooling model)", EmbeddingRequest, "EmbeddingList"),
     Operation("POST", "/v1/score", "Scores of text pairs (vLLM; a pooling model)", ScoreRequest, "ScoreList"),
     Operation("POST", "/score", "Scores of text pairs (vLLM; a pooling model)", ScoreRequest, "ScoreList"),
@@ -178,15 +186,15 @@ def operations(web_ui: bool) -> list[Operation]:
     return OPERATIONS + (PAGE_OPERATIONS if web_ui else [ROOT_OPERATION])
 
 
-def openapi_document(version: str, model_name: str, web_ui: bool = True) -> dict:
-    """The document; `model` fields name the one model this server serves (any other name is a 404)."""
+def openapi_document(version: str, model_names: list[str], web_ui: bool = True) -> dict:
+    """The document; `model` fields name the models this server serves (any other name is a 404)."""
     documented = operations(web_ui)
     requests = [op.request for op in documented if op.request is not None]
     refs, components = msgspec.json.schema_components(requests, ref_template=REF)
     for name in {request.__name__ for request in requests}:
         properties = components[name]["properties"]
         if "model" in properties:
-            served = {"enum": [model_name]}
+            served = {"enum": list(model_names)}
             optional = "model" not in components[name].get("required", ())
             properties["model"] = _nullable(served) if optional else served
     body_refs = dict(zip(requests, refs, strict=True))
@@ -229,6 +237,11 @@ def _operation(op: Operation, body_ref: dict | None) -> dict:
         out["requestBody"] = {"required": True, "content": {"application/json": {"schema": body_ref}}}
     if "{response_id}" in op.path:
         out["parameters"] = [{"name": "response_id", "in": "path", "required": True, "schema": STR}]
+    if op.path in SLEEP_PATHS:
+        out["parameters"] = [{"name": "model", "in": "query", "required": False, "schema": STR}]
+        if op.path == "/sleep":
+            out["parameters"].append({"name": "level", "in": "query", "required": False,
+                                      "schema": {"enum": ["1", "2"]}})
     if op.path != "/health" and not op.public:
         out["security"] = [{}, {"bearer": []}, {"apiKey": []}]
     return out

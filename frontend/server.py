@@ -1,12 +1,13 @@
-"""launch_server: start the engine, serve the app with hypercorn, drain on SIGTERM, stop the engine.
+"""launch_server: start the engine, serve the app with hypercorn, drain on SIGTERM, stop the engines.
 
 The listening socket is bound first (a taken port fails in a second, not after a minute of weight
-loading), then the engine starts in a thread while the event loop stays responsive to signals, then
-hypercorn serves. SIGTERM or SIGINT stops accepting and gives in-flight requests `shutdown_timeout`
+loading), then the served models are found (the MODEL argument, --models-dir), the MODEL's engine starts in
+a thread while the event loop stays responsive to signals, then hypercorn serves (the other models start on
+demand). SIGTERM or SIGINT stops accepting and gives in-flight requests `shutdown_timeout`
 seconds; then every unfinished engine request fails with an error its handler reports as it would an
 engine's death (a stream ends with an error event, and [DONE] for OpenAI streams; a waiting request gets
 a 503), so that no client sees a connection cut mid-body; hypercorn waits SHUTDOWN_GRACE_S more for those
-answers to go out. Then the engine stops and the server returns normally (exit 0).
+answers to go out. Then the engines stop and the server returns normally (exit 0).
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import asyncio
 import logging
 import signal
 import socket
-import threading
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
+from engine.client.dp_client import make_engine_client
+from engine.client.model_pool import ModelPool
 from engine.errors import EngineDeadError
 from frontend.app import create_app
 from frontend.config import ServerConfig
-from frontend.startup import configure_logging, note, ready_line
+from frontend.models.catalog import Catalog, catalog
+from frontend.startup import configure_logging, models_ready_line, note, ready_line
 
 logger = logging.getLogger("ringserve.server")
 SHUTDOWN_GRACE_S = 3.0      # after --shutdown-timeout: time for the unfinished requests' error answers
@@ -43,80 +46,67 @@ async def _serve(config: ServerConfig, engine_client) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    pool = None
     try:
-        if engine_client is None:
-            from engine.client.dp_client import make_engine_client
-
-            engine_client = make_engine_client(config.engine)
-        try:
-            engine = engine_client.config
+        served = catalog(config) if engine_client is None else Catalog(
+            models={config.engine.model_name: config}, start_model=config.engine.model_name)
+        first = iter([engine_client] if engine_client is not None else [])
+        pool = ModelPool({name: model.engine for name, model in served.models.items()},
+                         max_loaded=config.models_max, idle_unload_s=config.idle_unload, wait_s=config.models_wait,
+                         on_demand=config.models_dir is not None, max_parked=config.models_parked,
+                         make_client=lambda engine: next(first, None) or make_engine_client(engine))
+        start = served.start_model
+        if start is not None:
+            engine = pool.model(start).config
             note("starting the engine: a scheduler and %d executor process(es) on %s",
                  engine.tensor_parallel_size * engine.data_parallel_size, engine.resolved_device)
-            if not await _start_engine(engine_client, stop):
+            if not await _until_stopped(pool.load(start), stop):
                 logger.info("stopped while the engine was starting")
                 return
             note("loading the tokenizer and chat template")
-            app = create_app(engine_client, config)
-            host, port = sock.getsockname()[:2]
-            url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-            logger.info("%s", ready_line(engine_client, url, getattr(app.state, "web_page_path", None)))
-            expire = asyncio.ensure_future(_fail_unfinished_after(stop, engine_client, config.shutdown_timeout))
-            try:
-                await serve(app, hypercorn_config(config, sock.detach()), shutdown_trigger=stop.wait)
-            finally:
-                expire.cancel()
-            logger.info("stopped serving; shutting the engine down")
+        app = create_app(pool, config, served)
+        host, port = sock.getsockname()[:2]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        page = getattr(app.state, "web_page_path", None)
+        logger.info("%s", ready_line(pool.model(start).client, url, page) if start is not None
+                    else models_ready_line(pool, config, url, page))
+        expire = asyncio.ensure_future(_fail_unfinished_after(stop, pool, config.shutdown_timeout))
+        try:
+            await serve(app, hypercorn_config(config, sock.detach()), shutdown_trigger=stop.wait)
         finally:
-            await engine_client.shutdown()
+            expire.cancel()
+        logger.info("stopped serving; shutting the engines down")
     finally:
+        if pool is not None:
+            await pool.shutdown()
         sock.close()     # a no-op once hypercorn owns the descriptor
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
-async def _fail_unfinished_after(stop: asyncio.Event, engine_client, timeout: float) -> None:
+async def _fail_unfinished_after(stop: asyncio.Event, pool: ModelPool, timeout: float) -> None:
     await stop.wait()
     await asyncio.sleep(timeout)
-    if engine_client.num_unfinished:
+    if pool.num_unfinished:
         logger.info("%d requests did not finish within --shutdown-timeout (%g s); ending them",
-                    engine_client.num_unfinished, timeout)
-    engine_client.fail_unfinished(EngineDeadError(
+                    pool.num_unfinished, timeout)
+    pool.fail_unfinished(EngineDeadError(
         f"the server shut down before this request finished (--shutdown-timeout {timeout:g} s)"))
 
 
-async def _start_engine(engine_client, stop: asyncio.Event) -> bool:
-    """EngineClient.start() blocks until the handshake; run it in a daemon thread so a signal can still stop
-    the server (and so a hung start cannot keep the process alive). False when stopped first."""
-    loop = asyncio.get_running_loop()
-    started: asyncio.Future = loop.create_future()
-
-    def settle(error: BaseException | None) -> None:
-        if not started.done():
-            started.set_result(True) if error is None else started.set_exception(error)
-
-    def hand_over(error: BaseException | None) -> None:
-        try:
-            loop.call_soon_threadsafe(settle, error)
-        except RuntimeError:        # the server stopped and its loop closed before the start finished
-            pass
-
-    def run() -> None:
-        try:
-            engine_client.start()
-        except BaseException as e:  # handed to the event loop, which re-raises it
-            hand_over(e)
-        else:
-            hand_over(None)
-
-    threading.Thread(target=run, name="engine-start", daemon=True).start()
+async def _until_stopped(work, stop: asyncio.Event) -> bool:
+    """Await `work` (the engine's start runs in a daemon thread, so a signal can still stop the server); False
+    when the server was stopped first."""
+    task = asyncio.ensure_future(work)
     stopped = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait({started, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
-    if started.done():
-        started.result()
+    if task.done():
+        task.result()
         return True
+    task.cancel()
     return False
 
 

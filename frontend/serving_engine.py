@@ -27,7 +27,7 @@ from frontend.chat.template import ChatTemplate
 from frontend.choices import Choice
 from frontend.config import ServerConfig
 from frontend.errors import ApiError, from_validation_error, invalid
-from frontend.metrics import RequestEventLog, ServerMetrics
+from frontend.metrics import ModelMetrics, RequestEventLog
 from frontend.prompts import PromptPreparation
 from frontend.runner import OutputParser, Run
 
@@ -47,7 +47,7 @@ class ServingContext:
     vocab_size: int
     max_logprobs: int
     generation_defaults: dict
-    metrics: ServerMetrics
+    metrics: ModelMetrics
     events: RequestEventLog
     token_strings: Callable[[int], str]     # token id -> its text alone, cached (logprobs, /tokenize)
     chat_template: ChatTemplate | None
@@ -55,6 +55,7 @@ class ServingContext:
     chars_per_token: int | None = None      # the most characters one token covers (engine/client/token_bounds)
     local_paths: dict[str, str] | None = None   # local paths engine errors may name -> what clients see
     tokenizer_pool: ThreadPoolExecutor | None = None   # where long texts are tokenized, a few at a time
+    model_names: tuple[str, ...] = ()       # every model the server serves (a 404 lists them)
 
 
 class OpenAIServing(PromptPreparation):
@@ -69,16 +70,7 @@ class OpenAIServing(PromptPreparation):
     # ------------------------------------------------------------------ reading and checking requests
     async def read(self, request: Request, kind: type[T]) -> T:
         """The body decoded as `kind`: 413 past the size limit, 400 naming the field on a bad value."""
-        limit = self.ctx.config.max_request_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-        timeout = self.ctx.config.body_read_timeout
-        try:
-            data = await asyncio.wait_for(_read_body(request, limit), timeout)
-        except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {timeout:g} s "
-                                "(--body-read-timeout)") from None
+        data = await request_body(request, self.ctx.config)
         try:
             body = msgspec.json.decode(data, type=kind)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
@@ -92,8 +84,8 @@ class OpenAIServing(PromptPreparation):
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.ctx.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist; this server serves "
-                                f"`{self.ctx.model_name}`.", "model")
+            served = ", ".join(f"`{name}`" for name in self.ctx.model_names or (self.ctx.model_name,))
+            raise ApiError(404, f"The model `{model}` does not exist; this server serves {served}.", "model")
 
     def check_engine(self, pooling: bool = False) -> None:
         """Before a request's work: 400 when the model is of the other kind (generation asked of a pooling model,
@@ -201,6 +193,25 @@ class OpenAIServing(PromptPreparation):
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def request_body(request: Request, config: ServerConfig) -> bytes:
+    """The request's body, read once within the size limit and the read deadline (413, 408), then kept on the
+    request: the model router reads it first to find the `model`, the handler decodes it."""
+    data = getattr(request.state, "body", None)
+    if data is not None:
+        return data
+    limit = config.max_request_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    try:
+        data = await asyncio.wait_for(_read_body(request, limit), config.body_read_timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {config.body_read_timeout:g} s "
+                            "(--body-read-timeout)") from None
+    request.state.body = data
+    return data
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

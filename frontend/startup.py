@@ -62,6 +62,18 @@ def ready_line(engine_client, url: str, web_page_path: str | None = None) -> str
     return f"serving {config.model_name} on {url} | " + " | ".join(parts)
 
 
+def models_ready_line(pool, config, url: str, web_page_path: str | None = None) -> str:
+    """The ready line of a server with no MODEL argument: its models (comma-separated, in the place of the
+    one model's name), none loaded yet."""
+    limits = [f"--models-max {pool.max_loaded}"]
+    if config.idle_unload:
+        limits.append(f"--idle-unload {config.idle_unload:g} s")
+    parts = [f"{len(pool.names)} models from {config.models_dir}, loaded on demand ({', '.join(limits)})"]
+    if web_page_path is not None:
+        parts.append(f"chat in a browser at {url}{web_page_path}")
+    return f"serving {','.join(pool.names)} on {url} | " + " | ".join(parts)
+
+
 def describe_bytes(sizes: dict[str, int]) -> str:
     """The ready line's weights: 'Q4_1 66.4 MB, Q8_0 30.1 MB, float16 0.1 MB (96.5 MB)'."""
     parts = [f"{kind} {count / 1e6:.1f} MB" for kind, count in sorted(sizes.items(), key=lambda kv: -kv[1])]

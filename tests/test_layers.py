@@ -34,6 +34,9 @@ FRONTEND_ASSEMBLY = ("frontend.app", "frontend.openapi", "frontend.server")
 FRONTEND_ROOT = ("frontend!", *(f"frontend.{p.stem}" for p in sorted((ROOT / "frontend").glob("*.py"))
                                if p.stem != "__init__" and f"frontend.{p.stem}" not in FRONTEND_ASSEMBLY))
 FRONTEND_SHARED = (*ENGINE_FACE, *FRONTEND_ROOT, "frontend.chat")
+# Several models (frontend/models/): the catalog, the one accessor by model name and the lifecycle routes,
+# over the frontend root; only the assembly (and the CLI) import it.
+FRONTEND_MODELS = "frontend.models"
 
 # (row name, prefix of the importing module, prefixes it may import, prefixes it may import only lazily)
 RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
@@ -44,6 +47,7 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     *[("frontend's app assembly", name, FRONTEND_MAY_USE, ()) for name in FRONTEND_ASSEMBLY],
     *[(f"the API package {name.split('.')[1]}/", name, (*FRONTEND_SHARED, name), ()) for name in FRONTEND_APIS],
     ("frontend/chat", "frontend.chat", FRONTEND_SHARED, ()),
+    ("frontend/models", FRONTEND_MODELS, (*FRONTEND_SHARED, FRONTEND_MODELS), ()),
     ("frontend/web (the chat page's files: static, it talks to the APIs over HTTP)", "frontend.web",
      ("frontend.web",), ()),
     ("frontend root", "frontend", FRONTEND_SHARED, ()),
@@ -147,6 +151,8 @@ def test_a_planted_reverse_import_is_caught():
         "frontend.chat.preparation": "from frontend.openai.protocol import CompletionRequest\n",  # chat -> API
         "frontend.runner": "from frontend.responses.store import ResponseStore\n",    # root -> API
         "frontend.openai.chat": "from frontend.app import create_app\n",              # API -> the assembly
+        "frontend.openai.completions": "from frontend.models.registry import ServedModels\n",   # API -> models
+        "frontend.models.registry": "from frontend.openai.logprobs import TokenStrings\n",      # models -> API
         "frontend.ollama.wire": "from frontend.openai.wire import OpenAIWire\n",       # Ollama -> OpenAI's package
         "frontend.ollama.handlers": "from frontend.anthropic.translate import to_chat_request\n",
         "frontend.chat.output": "from frontend.ollama.wire import OllamaWire\n",        # chat -> an API
@@ -182,6 +188,7 @@ def test_the_frontend_root_holds_at_most_14_modules_and_a_package_per_api():
     assert len(modules) <= 14, modules
     packages = {p.parent.name for p in (ROOT / "frontend").glob("*/__init__.py")}
     assert {"openai", "anthropic", "responses", "ollama", "chat", "cli", "web"} <= packages
-    assert {f"frontend.{name}" for name in packages} - {"frontend.chat", "frontend.cli", "frontend.web"} \
+    assert {f"frontend.{name}" for name in packages} - {"frontend.chat", "frontend.cli", "frontend.web",
+                                                        FRONTEND_MODELS} \
         == set(FRONTEND_APIS), \
         "a new frontend package needs its row in RULES (an API package: FRONTEND_APIS) and DESIGN §1"

@@ -29,30 +29,52 @@ def _post(url: str, body: dict, timeout: float) -> dict:
         return json.load(response)
 
 
+class ServeProcess:
+    """`ringserve serve ARGS` on a free loopback port: its log lines, and the model(s) and URL of its ready line."""
+
+    def __init__(self, serve_args: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "serve", *serve_args, "--host",
+                                      "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.lines: list[str] = []
+        self.model = self.url = ""
+        self._ready = threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            match = SERVING.search(line)
+            if match and not self.url:
+                self.model, self.url = match.group(1), match.group(2)
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether the ready line came within `timeout` seconds."""
+        return self._ready.wait(timeout) and bool(self.url)
+
+    def stop(self, timeout: float = 60.0) -> bool:
+        """SIGTERM, then SIGKILL after `timeout` seconds; whether it left in time."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return False
+
+
 def smoke(serve_args: list[str], startup_timeout: float = 300.0) -> dict:
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "serve", *serve_args, "--host", "127.0.0.1",
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    found: dict[str, str] = {}
-    ready = threading.Event()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            match = SERVING.search(line)
-            if match and not found:
-                found.update(model=match.group(1), url=match.group(2))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
+    server = ServeProcess(serve_args)
     result: dict = {"args": serve_args, "ok": False}
     try:
-        if not ready.wait(startup_timeout) or not found:
+        if not server.wait_ready(startup_timeout):
             result["error"] = "the server did not start"
             return result
-        url, model = found["url"], found["model"]
+        url, model = server.url, server.model
         while time.monotonic() - started < startup_timeout:
             try:
                 with urllib.request.urlopen(url + "/health", timeout=2) as response:
@@ -72,18 +94,13 @@ def smoke(serve_args: list[str], startup_timeout: float = 300.0) -> dict:
         result["error"] = f"{type(error).__name__}: {error}"
     finally:
         stop = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if not server.stop(60):
             result["ok"] = False
             result["error"] = result.get("error", "") + " (no exit 60 s after SIGTERM)"
         result["shutdown_s"] = round(time.monotonic() - stop, 1)
-        result["exit_code"] = proc.returncode
+        result["exit_code"] = server.proc.returncode
         if not result["ok"]:
-            result["log_tail"] = "".join(lines[-30:])
+            result["log_tail"] = "".join(server.lines[-30:])
     return result
 
 

@@ -9,7 +9,8 @@ the context manager, and the asyncio shutdown that runs the blocking one off the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol, runtime_checkable
 
 from engine.config import EngineConfig
@@ -89,3 +90,28 @@ class EngineClientBase:
 
     async def shutdown(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.shutdown_sync)
+
+
+async def in_daemon_thread(fn: Callable[[], object], name: str) -> None:
+    """fn() in a daemon thread (a hung engine start cannot keep the process alive), awaited."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if not future.done():
+            future.set_result(None) if error is None else future.set_exception(error)
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001  handed to the event loop
+            error = e
+        else:
+            error = None
+        try:
+            loop.call_soon_threadsafe(settle, error)
+        except RuntimeError:        # the loop closed before the thread finished
+            pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    await future

@@ -207,6 +207,8 @@ class DPEngineClient(EngineClientBase):
         """A rank's stream for one request: its death named with the rank, the request forgotten at the end."""
         try:
             async for item in stream:
+                if isinstance(item, RequestDelta):
+                    item.engine = rank
                 yield item
         except EngineDeadError as e:
             raise EngineDeadError(f"data-parallel engine {rank}: {e}") from None

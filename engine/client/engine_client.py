@@ -42,6 +42,7 @@ from engine.messages import (
     ControlCall,
     ControlReply,
     EngineDead,
+    EngineLoading,
     EngineOutputs,
     SchedulerStats,
     pack,
@@ -67,6 +68,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
         self.block_size = self.config.block_size
         self.max_model_len = self.config.max_model_len
         self.pids: dict[str, int] = {}
+        self.loading = EngineLoading(stage="processes")   # startup progress, until EngineReady
         self._stats = SchedulerStats()
         self._handles = itertools.count(1)
         self._by_handle: dict[int, RequestState] = {}
@@ -90,7 +92,7 @@ class EngineClient(PoolingRequests, EngineClientBase):
 
             self._link = InProcessEngine(self.config)
         else:
-            self._link = SchedulerProcess(self.config, self._env)
+            self._link = SchedulerProcess(self.config, self._env, on_loading=self._on_loading)
         try:
             ready = self._link.start()
         except EngineDeadError:
@@ -99,7 +101,11 @@ class EngineClient(PoolingRequests, EngineClientBase):
         self.num_blocks = ready.num_blocks
         self.weight_bytes = dict(ready.weight_bytes)
         self.pids = dict(ready.pids)
+        self.loading = EngineLoading(stage="ready")
         atexit.register(self.shutdown_sync)
+
+    def _on_loading(self, progress: EngineLoading) -> None:
+        self.loading = progress
 
     def shutdown_sync(self, timeout: float = 10.0) -> None:
         if self._closed or not self._started:

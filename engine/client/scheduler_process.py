@@ -1,7 +1,7 @@
 """The scheduler process and the two rings to it: how EngineClient reaches a multi-process engine.
 
 `start()` creates the request and output rings, spawns `python -m engine.core.main` with their specs and
-waits for its EngineReady (or EngineDead); then `write()` sends one message, `read()` waits for the next one
+waits for its EngineReady (or EngineDead), passing on its progress (EngineLoading) meanwhile; then `write()` sends one message, `read()` waits for the next one
 and `try_read()` takes one if there is one, each decoding and encoding with msgspec (no pickle). A dead
 scheduler surfaces as PeerDiedError from a ring call and as `exit_status()`. engine/core/inproc.py offers the
 same calls over an engine in the caller's thread, so EngineClient has one code path for both.
@@ -9,8 +9,11 @@ same calls over an engine in the caller's thread, so EngineClient has one code p
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from engine.config import EngineConfig
-from engine.messages import Codec, EngineDead, EngineOut, EngineReady, RequestIn
+from engine.messages import Codec, EngineDead, EngineLoading, EngineOut, EngineReady, RequestIn
 from engine.outputs import EngineDeadError
 from engine.process import describe_exit, spawn, stop
 from shm.ring import RingTimeout, SpscRing
@@ -21,9 +24,11 @@ from shm.wait import PeerDiedError
 class SchedulerProcess:
     supports_async = True           # a reader thread may wait on the output ring while the loop runs
 
-    def __init__(self, config: EngineConfig, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: EngineConfig, env: dict[str, str] | None = None,
+                 on_loading: Callable[[EngineLoading], None] | None = None) -> None:
         self.config = config
         self._env = env
+        self._on_loading = on_loading           # hears the startup's progress (EngineLoading) until EngineReady
         self._proc = None
         self._requests: SpscRing | None = None
         self._outputs: SpscRing | None = None
@@ -44,7 +49,12 @@ class SchedulerProcess:
             }, env=self._env)
             self._requests.set_peer_check(self._check_scheduler)
             self._outputs.set_peer_check(self._check_scheduler)
+            deadline = time.monotonic() + config.startup_timeout_s
             msg = self.read(timeout=config.startup_timeout_s)
+            while isinstance(msg, EngineLoading):
+                if self._on_loading is not None:
+                    self._on_loading(msg)
+                msg = self.read(timeout=max(deadline - time.monotonic(), 0.1))
         except PeerDiedError as e:
             self._abandon()
             raise EngineDeadError(f"the engine failed to start: {e}") from None

@@ -46,6 +46,7 @@ class EngineCore:
         self._in_flight: deque = deque()           # async: submitted steps whose results are not applied
         self._stashed: deque = deque()             # async: outputs of steps drained before a control call
         self.kv_event_publisher = make_publisher(config)   # None unless --kv-events-config asks for it
+        self.sleep_level = 0                       # vLLM's sleep mode: 0 awake, 1 KV freed, 2 weights too
 
     def close(self) -> None:
         self.scheduler.grammars.close()
@@ -62,6 +63,8 @@ class EngineCore:
     def handle(self, msg) -> ControlReply | None:
         """Apply one message from the frontend; control calls return their reply."""
         if isinstance(msg, AddRequest):
+            if self.sleep_level:              # a request for a sleeping engine wakes it
+                self._wake_up()
             try:
                 self.scheduler.add_request(msg)
             except ValueError as e:       # the client validates first; this is the last line of defence
@@ -81,6 +84,10 @@ class EngineCore:
             elif call.method in ("start_profile", "stop_profile"):
                 self._drain()
                 result = self.executor.call(call.method, **call.args)
+            elif call.method == "sleep":
+                result = self._sleep(call.args.get("level", 1))
+            elif call.method == "wake_up":
+                result = self._wake_up()
             elif call.method == "shutdown":
                 self._drain()
                 result = "bye"
@@ -89,6 +96,28 @@ class EngineCore:
             return ControlReply(call_id=call.call_id, ok=True, result=result)
         except ValueError as e:
             return ControlReply(call_id=call.call_id, ok=False, result=str(e))
+
+    def _sleep(self, level) -> str:
+        """Free the KV cache (and at level 2 the weights) while no request is in the engine; its prefix
+        cache is emptied, as the blocks it indexes lose their contents."""
+        if level not in (1, 2) or isinstance(level, bool):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        self._drain()
+        if self.scheduler.has_unfinished_requests() or self._stashed:
+            raise ValueError(f"the engine has {len(self.scheduler.requests)} unfinished requests; it sleeps only "
+                             "when idle")
+        self.scheduler.reset_prefix_cache()
+        self.publish_kv_events()
+        result = self.executor.call("sleep", level=level)
+        self.sleep_level = max(self.sleep_level, level)
+        return result
+
+    def _wake_up(self) -> str:
+        if not self.sleep_level:
+            return "awake"
+        result = self.executor.call("wake_up", timeout=self.config.startup_timeout_s)
+        self.sleep_level = 0
+        return result
 
     @property
     def only_compiling(self) -> bool:

@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.core.engine_core import COMPILE_POLL_S, EngineCore
 from engine.errors import ExecutorError
 from engine.executor.group import ExecutorGroup
-from engine.messages import Codec, EngineDead, EngineOut, EngineReady, RequestIn
+from engine.messages import Codec, EngineDead, EngineLoading, EngineOut, EngineReady, RequestIn
 from engine.process import child_args, error_text, parent_check
 from shm.ring import RingSpec, SpscRing
 from shm.wait import PeerDiedError
@@ -33,7 +33,10 @@ def main() -> int:
     codec_out = Codec(EngineOut)
     executors = core = None
     try:
-        executors = ExecutorGroup(config, parent_check=check_parent)
+        def progress(stage: str, done: int, total: int) -> None:
+            outputs.write(codec_out.encode(EngineLoading(stage=stage, done=done, total=total)))
+
+        executors = ExecutorGroup(config, parent_check=check_parent, on_progress=progress)
         requests.set_peer_check(executors.check)
         outputs.set_peer_check(executors.check)
         core = EngineCore(config, executors)

@@ -81,6 +81,14 @@ class FakeModelRunner:
             if len(ids):
                 sampled[sample_row] = ids[np.searchsorted(ids, sampled[sample_row]) % len(ids)]
 
+    def sleep(self, level: int) -> str:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        return f"asleep at level {level}: the fake model holds nothing"
+
+    def wake_up(self) -> str:
+        return "awake"
+
     def start_profile(self, directory: str) -> str:
         return "the fake model has nothing to profile"
 

@@ -23,6 +23,7 @@ from engine.messages import (
     ExecutorCall,
     ExecutorFailed,
     ExecutorIn,
+    ExecutorLoading,
     ExecutorOut,
     ExecutorReady,
     ExecutorReply,
@@ -107,6 +108,10 @@ class LocalExecutor:
         return self._results.popleft()
 
     def call(self, method: str, **args) -> str:
+        if method == "sleep":
+            return self.runner.sleep(int(args["level"]))
+        if method == "wake_up":
+            return self.runner.wake_up()
         if method == "start_profile":
             return self.runner.start_profile(str(args["dir"]))
         if method == "stop_profile":
@@ -123,11 +128,13 @@ class LocalExecutor:
 class ExecutorGroup:
     """The executor processes, the broadcast ring to them and one result ring from each."""
 
-    def __init__(self, config: EngineConfig, parent_check: Callable[[], None] | None = None) -> None:
+    def __init__(self, config: EngineConfig, parent_check: Callable[[], None] | None = None,
+                 on_progress: Callable[[str, int, int], None] | None = None) -> None:
         self.config = config
         self.tp = config.tensor_parallel_size
         self.spin_us = config.spin_window_us
         self._parent_check = parent_check
+        self._on_progress = on_progress          # (stage, done, total) while the executors start
         self._in_codec = Codec(ExecutorOut)
         self._out_codec = Codec(ExecutorIn)
         self._call_ids = 0
@@ -169,6 +176,10 @@ class ExecutorGroup:
         deadline = time.monotonic() + self.config.startup_timeout_s
         for rank, ring in enumerate(self.results):
             msg = self._read(ring, timeout=max(deadline - time.monotonic(), 0.1))
+            while isinstance(msg, ExecutorLoading):
+                if self._on_progress is not None:
+                    self._on_progress("weights", msg.done, msg.total)
+                msg = self._read(ring, timeout=max(deadline - time.monotonic(), 0.1))
             if not isinstance(msg, ExecutorReady):
                 raise ExecutorError(f"executor rank {rank} sent {type(msg).__name__} during startup")
             blocks.append(msg.num_blocks)
@@ -178,6 +189,8 @@ class ExecutorGroup:
         for ring in self.results:
             ring.unlink()
         num_blocks = min(blocks)
+        if self._on_progress is not None:
+            self._on_progress("kv_cache", 0, 0)
         self.call("initialize", timeout=self.config.startup_timeout_s, num_blocks=num_blocks)
         return num_blocks
 

@@ -18,6 +18,7 @@ from engine.messages import (
     ExecutorCall,
     ExecutorFailed,
     ExecutorIn,
+    ExecutorLoading,
     ExecutorOut,
     ExecutorReady,
     ExecutorReply,
@@ -42,7 +43,10 @@ def main() -> int:
     result.set_peer_check(check)
     out_codec = Codec(ExecutorOut)
     try:
-        runner = _start(config, rank, tp, args)
+        def report(done: int, total: int) -> None:
+            result.write(out_codec.encode(ExecutorLoading(rank=rank, done=done, total=total)))
+
+        runner = _start(config, rank, tp, args, report if rank == 0 else None)
         result.write(out_codec.encode(ExecutorReady(rank=rank, num_blocks=runner.available_blocks(),
                                                     pid=os.getpid(), weight_bytes=runner.weight_bytes())))
         _serve(runner, rank, broadcast, result, out_codec)
@@ -60,7 +64,7 @@ def main() -> int:
         result.close()
 
 
-def _start(config: EngineConfig, rank: int, tp: int, args: dict):
+def _start(config: EngineConfig, rank: int, tp: int, args: dict, report):
     if config.load_format == "fake":
         runner = make_model_runner(config, rank, tp)
         runner.load()
@@ -86,7 +90,9 @@ def _start(config: EngineConfig, rank: int, tp: int, args: dict):
         init_tensor_parallel(rank, tp, args["dist_init_method"], backend)
     torch.manual_seed(config.seed)
     runner = make_model_runner(config, rank, tp)
+    runner.report_progress = report
     runner.load()
+    runner.report_progress = None        # a wake from sleep level 2 reloads quietly: the ring carries steps
     return runner
 
 
@@ -113,6 +119,10 @@ def _call(runner, call: ExecutorCall) -> str:
     if call.method == "initialize":
         runner.initialize_kv_cache(int(call.args["num_blocks"]))
         return "ok"
+    if call.method == "sleep":
+        return runner.sleep(int(call.args["level"]))
+    if call.method == "wake_up":
+        return runner.wake_up()
     if call.method == "start_profile":
         return runner.start_profile(str(call.args["dir"]))
     if call.method == "stop_profile":

@@ -56,10 +56,11 @@ class ModelRunner:
         self.num_blocks = 0
         self.graphs = None
         self._profiler = None
+        self.sleep_level = 0                 # 0 awake; 1 KV freed; 2 KV and weights dropped (see sleep())
+        self.report_progress = None          # (done, total) of the weights' tensors while they load
 
     # ------------------------------------------------------------------ startup
     def load(self) -> None:
-        from engine.models.loader import load_model
         from engine.sample.sampler import Sampler
         from engine.sample.sampling_batch import SamplingBatch
         from kernels.cpu import ops as cpu_ops
@@ -70,16 +71,21 @@ class ModelRunner:
         self.attention_backend = get_attention_backend(backend)
         self._note("loading the weights: %s as %s on %s", self.config.model, self.config.resolved_dtype,
                    self.device)
-        self.model = load_model(
-            self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
-            attention_backend=backend, progress=self.rank == 0,
-        )
+        self.model = self.load_weights()
         self.sampling = SamplingBatch(self.config.max_num_seqs, self.config.vocab_size, self.device,
                                       self.config.seed)
         # on a CPU, rows without top-k/top-p are drawn by the C kernel where it runs (the same draw)
         on_cpu_kernels = self.device.type == "cpu" and cpu_ops.available()
         self.sampler = Sampler(full_row_draw=cpu_ops.sample_exp_rows if on_cpu_kernels else None)
         self.words_per_row = words_per_row(self.config.vocab_size)
+
+    def load_weights(self):
+        """This rank's model with its weights (at startup, and again on waking from a sleep that dropped them)."""
+        from engine.models.loader import load_model
+
+        return load_model(self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
+                          attention_backend=self.attention_backend.name, progress=self.rank == 0,
+                          report=self.report_progress)
 
     def weight_bytes(self) -> dict[str, int]:
         """Bytes this rank's weights take, by GGUF block type (weights kept quantized) or dtype."""
@@ -362,6 +368,38 @@ class ModelRunner:
                 first_position=plan.first_position,
             ))
         return result
+
+    # ------------------------------------------------------------------ sleep mode (vLLM's levels)
+    def sleep(self, level: int) -> str:
+        """Free the KV cache (level 1) and the weights too (level 2), keeping the process and its rings.
+
+        Level 1 keeps weights that already live in host memory (the CPU); on a GPU they are dropped and
+        re-read on wake from the file (the page cache holds it: host memory) or, for dummy weights, made
+        again from the seed. The scheduler calls this only with no request in the engine."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        freed = sum(cache.nbytes for cache in self.kv_caches)
+        self.kv_caches = []
+        self.graphs = None
+        drop_weights = level == 2 or self.device.type == "cuda"
+        if drop_weights and self.model is not None:
+            freed += sum(self.weight_bytes().values())
+            self.model = None
+        self.sleep_level = max(self.sleep_level, 2 if drop_weights else 1)
+        from engine.executor.cpu_memory import release_freed_memory
+
+        release_freed_memory(self.device)
+        return f"asleep at level {level}: {freed / (1 << 20):.0f} MiB freed"
+
+    def wake_up(self) -> str:
+        """Undo sleep(): weights loaded again if they were dropped, the KV cache allocated again (empty)."""
+        if not self.sleep_level:
+            return "awake"
+        if self.model is None:
+            self.model = self.load_weights()
+        self.sleep_level = 0
+        self.initialize_kv_cache(self.num_blocks)
+        return "awake"
 
     # ------------------------------------------------------------------ profiling
     def start_profile(self, directory: str) -> str:

@@ -37,17 +37,20 @@ class PoolingModelRunner(ModelRunner):
 
 class EncoderModelRunner(ModelRunner):
     def load(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.model = self.load_weights()
+        self.pooling_type = self.config.pooler_config.pooling_type
+
+    def load_weights(self):
         from engine.layers.onednn_matmul import pack_float32_matmuls
         from engine.models.loader import load_model
 
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        self.model = load_model(self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
-                                progress=self.rank == 0)
-        if self.device.type == "cpu" and self.model.activation_dtype == torch.float32 \
-                and self.model.dtype == torch.float32:
-            pack_float32_matmuls(self.model)
-        self.pooling_type = self.config.pooler_config.pooling_type
+        model = load_model(self.config, device=self.device, tp_rank=self.rank, tp_size=self.tp_size,
+                           progress=self.rank == 0, report=self.report_progress)
+        if self.device.type == "cpu" and model.activation_dtype == torch.float32 and model.dtype == torch.float32:
+            pack_float32_matmuls(model)
+        return model
 
     def available_blocks(self) -> int:
         return 2            # no KV cache; the scheduler's block pool needs its reserved block plus one

@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import zlib
+from collections.abc import Callable
 
 import torch
 from safetensors import safe_open
@@ -35,6 +36,21 @@ from engine.models.gguf_weights import gguf_checkpoint, hf_name
 from engine.models.registry import model_args
 
 logger = logging.getLogger(__name__)
+Progress = Callable[[int, int], None]
+REPORTS_PER_LOAD = 20
+
+
+def _tensors(iterable, desc: str, total: int, progress: bool, report: Progress | None):
+    """The loop over checkpoint tensors: a tqdm bar on stderr, and report(done, total) every 1/20th."""
+    bar = tqdm(iterable, desc=desc, unit="tensor", file=sys.stderr, total=total, disable=not progress)
+    if report is None:
+        yield from bar
+        return
+    every = max(1, total // REPORTS_PER_LOAD)
+    for done, item in enumerate(bar, 1):
+        yield item
+        if done % every == 0 or done == total:
+            report(done, total)
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -49,11 +65,13 @@ def load_model(
     tp_size: int = 1,
     attention_backend: str = "torch",
     progress: bool = True,
+    report: Progress | None = None,
 ) -> CausalLM:
     """Build this rank's shard of config.model on `device` and load its weights (config.load_format).
 
     At tp_size > 1, engine.distributed.init_tensor_parallel must have been called with the same size: the
-    shard's forward pass all-reduces across the group.
+    shard's forward pass all-reduces across the group. `report(done, total)` hears how many checkpoint
+    tensors are in, a few dozen times over the load (the server's loading progress).
     """
     config.finalize()
     if config.load_format == "fake":
@@ -73,11 +91,12 @@ def load_model(
         model = get_model_class(args.architecture)(args, backend, tp_rank=tp_rank, tp_size=tp_size, dtype=dtype)
     show_progress = progress and tp_rank == 0
     if config.load_format == "dummy":
-        load_dummy_weights(model, seed=config.seed, progress=show_progress)
+        load_dummy_weights(model, seed=config.seed, progress=show_progress, report=report)
     elif is_gguf_path(config.model):
-        load_gguf_weights(model, config.model, quantization=config.quantization, progress=show_progress)
+        load_gguf_weights(model, config.model, quantization=config.quantization, progress=show_progress,
+                          report=report)
     else:
-        load_safetensors_weights(model, config.model, progress=show_progress)
+        load_safetensors_weights(model, config.model, progress=show_progress, report=report)
     if should_upcast(torch.device(device), dtype):
         upcast_matmul_weights(model)
         model.activation_dtype = torch.float32        # see engine/models/llama.py
@@ -118,7 +137,8 @@ def load_tensor(hf_name: str, target: CheckpointParam, source: WeightSource) -> 
     module.weight_loader(param, source, shard_id)
 
 
-def load_safetensors_weights(model: CausalLM, model_dir: str, *, progress: bool = True) -> None:
+def load_safetensors_weights(model: CausalLM, model_dir: str, *, progress: bool = True,
+                             report: Progress | None = None) -> None:
     """Fill every parameter from model_dir's safetensors (one file, several, or a sharded index)."""
     params = checkpoint_params(model)
     with contextlib.ExitStack() as stack:
@@ -129,12 +149,12 @@ def load_safetensors_weights(model: CausalLM, model_dir: str, *, progress: bool 
         names = {(rename(stored) if rename else stored): (f, stored) for f in files for stored in f.keys()}
         names = {name: source for name, source in names.items() if name is not None and not _ignored(name, model)}
         _check_names(set(names), set(params), model_dir)
-        for name, (f, stored) in tqdm(names.items(), desc="Loading weights", unit="tensor", file=sys.stderr,
-                                      disable=not progress):
+        for name, (f, stored) in _tensors(names.items(), "Loading weights", len(names), progress, report):
             load_tensor(name, params[name], SafetensorsSource(f.get_slice(stored)))
 
 
-def load_gguf_weights(model: CausalLM, path: str, *, quantization: str = "none", progress: bool = True) -> None:
+def load_gguf_weights(model: CausalLM, path: str, *, quantization: str = "none", progress: bool = True,
+                      report: Progress | None = None) -> None:
     """Fill every parameter from a GGUF file: each tensor dequantized to float32 as it is loaded, or with
     quantization "gguf", the quantized tensors the kernels take kept in their blocks
     (engine/models/gguf_quantized.py)."""
@@ -145,8 +165,8 @@ def load_gguf_weights(model: CausalLM, path: str, *, quantization: str = "none",
     device = next(model.parameters()).device
     blocks = plan_quantized(gguf, names, params, device) if quantization == "gguf" else set()
     quantized_layers = {params[hf][0]: None for hf in blocks}
-    for name, tensor in tqdm(gguf_checkpoint(path, frozenset(names[hf] for hf in blocks)), desc="Loading GGUF weights",
-                             unit="tensor", file=sys.stderr, total=len(names), disable=not progress):
+    for name, tensor in _tensors(gguf_checkpoint(path, frozenset(names[hf] for hf in blocks)), "Loading GGUF weights",
+                                 len(names), progress, report):
         if _ignored(name, model):
             continue
         if isinstance(tensor, QuantizedSource):
@@ -164,7 +184,7 @@ def load_gguf_weights(model: CausalLM, path: str, *, quantization: str = "none",
         model.lm_head.use_quantized(embedding.qweight)
 
 
-def load_dummy_weights(model: CausalLM, *, seed: int, progress: bool = True) -> None:
+def load_dummy_weights(model: CausalLM, *, seed: int, progress: bool = True, report: Progress | None = None) -> None:
     """Random weights of the checkpoint's shapes, a function of (seed, tensor name) only.
 
     Matrices are N(0, initializer_range) as HF initialises them and norm weights are ones, so activations
@@ -172,8 +192,7 @@ def load_dummy_weights(model: CausalLM, *, seed: int, progress: bool = True) -> 
     """
     std = model.args.initializer_range
     params = checkpoint_params(model)
-    for name, target in tqdm(sorted(params.items()), desc="Dummy weights", unit="tensor", file=sys.stderr,
-                             disable=not progress):
+    for name, target in _tensors(sorted(params.items()), "Dummy weights", len(params), progress, report):
         module, param, shard_id = target
         shape = module.checkpoint_shape(param, shard_id)
         if name.lower().endswith("norm.weight"):

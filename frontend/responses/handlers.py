@@ -43,10 +43,11 @@ class OpenAIServingResponses(OpenAIServing):
     read, continue, delete nor evict another key's responses. With one key (or none) there is one store,
     shared by everyone who may call the server."""
 
-    def __init__(self, ctx: ServingContext):
+    def __init__(self, ctx: ServingContext, stores: dict | None = None):
         super().__init__(ctx)
         self.chat = ChatPreparation(self)
-        self._stores: dict[int | None, ResponseStore] = {}
+        # by API key; shared by every model's handlers (a response id is the server's, whatever its model)
+        self._stores: dict[int | None, ResponseStore] = {} if stores is None else stores
 
     def store_for(self, request: Request) -> ResponseStore:
         """The store of the API key the request was authorized with."""

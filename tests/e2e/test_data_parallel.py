@@ -99,8 +99,12 @@ def test_the_same_prefix_lands_on_the_same_engine(server):
 def test_pinned_ranks_are_honoured_and_bad_pins_are_400(server):
     for rank in ("0", "1", "1", "0"):
         pin = {"X-data-parallel-rank": rank}
+        finished = per_engine(server, "generation_tokens_total")
         delta = queries_delta(server, lambda pin=pin: complete(server, PREFIX, pin).raise_for_status())
         assert delta[rank] > 0 and delta[str(1 - int(rank))] == 0, (rank, delta)
+        # the frontend's own series name the engine that served the request too
+        after = per_engine(server, "generation_tokens_total")
+        assert after[rank] - finished[rank] == 4 and after[str(1 - int(rank))] == finished[str(1 - int(rank))]
     for bad in ("2", "-1", "one"):
         r = complete(server, "x", {"X-data-parallel-rank": bad})
         assert r.status_code == 400, r.text

@@ -51,8 +51,8 @@ def test_fuzzing_finds_no_server_error_and_no_off_schema_response(served, schema
     server, _ = served
     fuzzed = 0
     for operation in _operations(schema):
-        if operation.path in ("/start_profile", "/stop_profile"):
-            continue
+        if operation.path in ("/start_profile", "/stop_profile", "/models/unload", "/sleep", "/wake_up"):
+            continue        # they change the server's state (tested on their own)
         if mode is GenerationMode.NEGATIVE and (operation.method.upper(), operation.path) not in WITH_BODY:
             continue        # no body, and any string is a valid response id: nothing to negate
 
@@ -65,7 +65,7 @@ def test_fuzzing_finds_no_server_error_and_no_off_schema_response(served, schema
 
         run()
         fuzzed += 1
-    assert fuzzed >= (29 if mode is GenerationMode.POSITIVE else 15)
+    assert fuzzed >= (31 if mode is GenerationMode.POSITIVE else 16)
     assert http.get("/health").status_code == 200
     ok = http.post("/v1/messages", json={"model": "tiny", "max_tokens": 3,
                                          "messages": [{"role": "user", "content": "hi"}]})
