@@ -34,6 +34,7 @@ from frontend.errors import ApiError, error_response, from_engine_error
 from frontend.http_responses import json_response
 from frontend.metrics import CONTENT_TYPE, RequestEventLog, ServerMetrics, log_stats_periodically
 from frontend.middleware import ServerMiddleware
+from frontend.ollama.embed import OllamaEmbedding
 from frontend.ollama.handlers import OllamaServing
 from frontend.openai.chat import OpenAIServingChat
 from frontend.openai.completions import OpenAIServingCompletion
@@ -75,6 +76,7 @@ def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
     responses = OpenAIServingResponses(ctx)
     models = OpenAIServingModels(ctx)
     ollama = OllamaServing(ctx)
+    ollama_embedding = OllamaEmbedding(ollama)
     page = WebPage(config.web_ui)
     embeddings = OpenAIServingEmbedding(ctx)
     scores = OpenAIServingScores(ctx)
@@ -103,6 +105,8 @@ def create_app(engine_client: AsyncEngine, config: ServerConfig) -> Starlette:
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
         Route("/api/chat", ollama.chat_route, methods=["POST"]),
         Route("/api/generate", ollama.generate_route, methods=["POST"]),
+        Route("/api/embed", ollama_embedding.embed, methods=["POST"]),
+        Route("/api/embeddings", ollama_embedding.embeddings, methods=["POST"]),
         Route("/api/tags", ollama.tags, methods=["GET"]),
         Route("/api/show", ollama.show, methods=["POST"]),
         Route("/api/ps", ollama.ps, methods=["GET"]),
