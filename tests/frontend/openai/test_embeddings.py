@@ -25,7 +25,7 @@ from tests.frontend.harness import TINY_MAX_MODEL_LEN, serve_fake, write_tiny_mo
 from tests.frontend.openai.test_validation import assert_error
 from tests.frontend.test_streaming_faults import wait_for
 
-POOLING_ROUTES = ("/v1/embeddings", "/v1/score", "/score", "/v1/rerank", "/rerank")
+POOLING_ROUTES = ("/v1/embeddings", "/v1/score", "/score", "/v1/rerank", "/rerank", "/api/embed", "/api/embeddings")
 MATRYOSHKA = [16, 32]
 DOCUMENTS = ["abc", "xyz", "aab", "zzz"]
 
