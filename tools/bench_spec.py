@@ -109,9 +109,13 @@ def spec_stats(llm) -> tuple[int, int, int]:
 @click.option("--workloads", default="copy,open", help="Batch-1 workloads ('' for none).")
 @click.option("--rounds", type=int, default=3)
 @click.option("--seed", type=int, default=0)
+@click.option("--cpu-threads", type=int, default=None,
+              help="Threads of each engine's executor (default: all cores; 1 keeps a shared machine's load from "
+                   "stalling OpenMP barriers, which would flatter the engine that takes fewer steps).")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Write every figure here.")
 def cli(model, methods, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, disable_by_batch_size,
-        extra_config, num_prompts, output_len, concurrency, requests_per_slot, workloads, rounds, seed, json_out) -> None:
+        extra_config, num_prompts, output_len, concurrency, requests_per_slot, workloads, rounds, seed, cpu_threads,
+        json_out) -> None:
     """Speculative decoding (ngram, suffix) against no speculation on copy-heavy and open prompts."""
     from engine import LLM, SamplingParams
 
@@ -123,7 +127,8 @@ def cli(model, methods, num_speculative_tokens, prompt_lookup_max, prompt_lookup
         if disable_by_batch_size is not None:
             spec["disable_by_batch_size"] = disable_by_batch_size or None
         configs[method] = {**spec, **json.loads(extra_config)}
-    engines = {name: LLM(model, speculative_config=spec, max_model_len=4096, kv_cache_memory=1 << 30, seed=seed)
+    engines = {name: LLM(model, speculative_config=spec, max_model_len=4096, kv_cache_memory=1 << 30, seed=seed,
+                         cpu_threads=cpu_threads)
                for name, spec in configs.items()}
     try:
         tokenizer = engines["none"].get_tokenizer()
