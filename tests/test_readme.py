@@ -6,12 +6,15 @@ request to a real server.)"""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import click
 import pytest
 
 from frontend.cli import main
 from tests.readme import code_blocks, curl_requests, readme, shell_commands
+
+ROOT = Path(__file__).resolve().parents[1]
 
 COMMAND_START = re.compile(r"(?:curl|ringserve|pip|python -m) ")
 
@@ -78,9 +81,18 @@ def test_ringserve_commands_and_flags_exist():
         assert not unknown, f"`{' '.join(words)}`: unknown flags {unknown}"
 
 
-def test_the_server_flag_table_names_real_flags():
-    section = readme().split("### Server flags", 1)[1].split("\n#", 1)[0]
+def _flag_table(text: str, heading: str) -> set[str]:
+    section = text.split(heading, 1)[1].split("\n#", 1)[0]
     table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
-    named = set(re.findall(r"`(--[a-z-]+|-[a-z]+)`", table))
-    assert {"--generation-config", "--override-generation-config", "--kv-cache-memory", "--model"} <= named
-    assert named - _flags(_command(["ringserve", "serve"])) == set()
+    return set(re.findall(r"`(--[a-z-]+|-[a-z]+)`", table))
+
+
+def test_the_server_flag_tables_name_real_flags():
+    """The README's short table and docs/configuration.md's full one name only real flags, and the full one
+    names every flag `ringserve serve` has."""
+    real = _flags(_command(["ringserve", "serve"]))
+    short = _flag_table(readme(), "### Server flags")
+    full = _flag_table((ROOT / "docs" / "configuration.md").read_text(), "## Server flags")
+    assert {"--generation-config", "--override-generation-config", "--kv-cache-memory", "--model"} <= short
+    assert short - real == set() and full - real == set()
+    assert real - full - {"--help", "model"} == set(), sorted(real - full)   # model: the positional MODEL
