@@ -3,9 +3,12 @@ headers, bytes that are not UTF-8), and what the server leaves behind (processes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import socket
+import threading
 import time
 from urllib.parse import urlparse
 
@@ -58,6 +61,29 @@ def http_request(method: str, path: str, body: bytes = b"", headers: dict[str, s
     if body or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+@contextlib.contextmanager
+def throttled(pid: int, run_s: float = 0.01, stop_s: float = 0.09):
+    """Let process `pid` run `run_s` of every `run_s + stop_s` seconds (SIGSTOP/SIGCONT): the demo model writes
+    2,000 tokens in a second or two on a fast machine, ten times that here, so a test that needs several
+    streams running at once gets them whatever the machine's speed. The process is left stopped."""
+    done = threading.Event()
+
+    def pulse() -> None:
+        while not done.is_set():
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(run_s)
+            os.kill(pid, signal.SIGSTOP)
+            done.wait(stop_s)
+
+    thread = threading.Thread(target=pulse, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def wait_for(condition, timeout: float = 30.0, step: float = 0.05) -> bool:

@@ -58,12 +58,11 @@ def test_engine_death_is_logged_once_and_the_stats_line_stops():
         body = {"model": s.model, "prompt": "go", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         streams = [threading.Thread(target=lambda: httpx.post(s.base_url + "/completions", json=body, timeout=60))
                    for _ in range(4)]
-        for t in streams:
-            t.start()
-        assert hostile.wait_for(lambda: s.metric("num_requests_running") == 4, timeout=30)
-        # The demo model writes 2,000 tokens in a second or two on a fast machine: stopping the executor
-        # keeps the four running past the 5 s stats interval, whatever the machine's speed.
-        os.kill(executor, signal.SIGSTOP)
+        # Slowed until the four run together, then stopped: they stay running past the 5 s stats interval.
+        with hostile.throttled(executor):
+            for t in streams:
+                t.start()
+            assert hostile.wait_for(lambda: s.metric("num_requests_running") == 4, timeout=60)
         assert hostile.wait_for(lambda: any("Running: 4 reqs" in line for line in s.lines), timeout=15)
         os.kill(executor, signal.SIGKILL)
         assert hostile.wait_for(lambda: httpx.get(s.url + "/health").status_code == 503, timeout=10)
@@ -86,12 +85,16 @@ def test_sigterm_past_the_timeout_ends_every_stream_with_an_error_event():
     OpenAI streams) and the server exits 0 with a clean log."""
     before = hostile.ours_in_shm()
     s = ServerProcess("ringserve-demo", "--shutdown-timeout", "1")
-    long = {"max_tokens": 2000, "ignore_eos": True, "stream": True}
+    # Greedy: the Anthropic and Responses APIs have no ignore_eos, and a sampled demo model may say EOS early
+    # (from "go" its greedy text runs the full 2,000 tokens).
+    long = {"max_tokens": 2000, "ignore_eos": True, "stream": True, "temperature": 0}
     requests = {
         "completions": ("/v1/completions", {"model": s.model, "prompt": "go", **long}),
         "chat": ("/v1/chat/completions", {"model": s.model, "messages": [{"role": "user", "content": "go"}], **long}),
-        "messages": ("/v1/messages", {"model": s.model, "messages": [{"role": "user", "content": "go"}], **long}),
-        "responses": ("/v1/responses", {"model": s.model, "input": "go", "max_output_tokens": 2000, "stream": True}),
+        "messages": ("/v1/messages", {"model": s.model, "messages": [{"role": "user", "content": "go"}],
+                                      "max_tokens": 2000, "stream": True, "temperature": 0}),
+        "responses": ("/v1/responses", {"model": s.model, "input": "go", "max_output_tokens": 2000, "stream": True,
+                                        "temperature": 0}),
     }
     bodies: dict[str, bytes] = {}
 
@@ -102,14 +105,14 @@ def test_sigterm_past_the_timeout_ends_every_stream_with_an_error_event():
 
     try:
         threads = [threading.Thread(target=stream, args=(name,)) for name in requests]
-        for t in threads:
-            t.start()
-        assert hostile.wait_for(lambda: s.metric("num_requests_running") == len(requests), timeout=30)
-        engine = descendants(s.proc.pid)
-        # Held past the 1 s shutdown timeout whatever the machine's speed (the demo model writes 2,000
-        # tokens in a second or two on a fast one): the executor stops until 3 s after SIGTERM.
         (executor,) = hostile.processes(s, "engine.executor.main")
-        os.kill(executor, signal.SIGSTOP)
+        # Slowed until the four run together, then held past the 1 s shutdown timeout whatever the machine's
+        # speed: the executor stays stopped until 3 s after SIGTERM.
+        with hostile.throttled(executor):
+            for t in threads:
+                t.start()
+            assert hostile.wait_for(lambda: s.metric("num_requests_running") == len(requests), timeout=60)
+        engine = descendants(s.proc.pid)
         threading.Timer(3.0, os.kill, (executor, signal.SIGCONT)).start()
         assert s.terminate(timeout=60) == 0
         for t in threads:
