@@ -61,6 +61,8 @@ def main(model: str | None, tokenizer: str | None, load_format: str | None, out:
         one = {"temperature": 0.0, "max_tokens": 1}
         greedy = {"temperature": 0.0, "max_tokens": 32, "ignore_eos": True}
         _, reference = first_token_s(llm, greedy)
+        _, again = first_token_s(llm, greedy)           # the same prompt again, its blocks now cached
+        report["repeat_same_tokens"] = again == reference
         steady = [first_token_s(llm, one)[0] for _ in range(5)]
         report["steady_first_token_s"] = round(statistics.median(steady), 4)
         for level in (1, 2):
@@ -75,6 +77,8 @@ def main(model: str | None, tokenizer: str | None, load_format: str | None, out:
             report[f"level{level}_first_token_ratio"] = round(ttft / report["steady_first_token_s"], 2)
             _, tokens = first_token_s(llm, greedy)
             report[f"level{level}_same_tokens"] = tokens == reference
+            report[f"level{level}_first_difference"] = next(
+                (i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
     report["wake_level1_within_2s"] = report["level1_wake_s"] <= 2.0
     text = json.dumps(report)
     click.echo(text)
