@@ -24,14 +24,19 @@
  * sign (VPMADDUBSW would saturate at 255 * 127 * 2 with the codes offset to unsigned).
  *
  * Work: tiles are shared out by stealing (share_units, gemm.c), each thread streaming a contiguous run;
- * every tile meets all activation rows, QMR at a time (a 16-row decode step unpacks each tile once per QMR
- * rows, not once per row); prefill-sized inputs go in chunks of MC rows so that a chunk stays in L2.
+ * every tile meets all activation rows, up to QMR_VNNI (AVX2: QMR) at a time, each count its own instance (a
+ * 16-row decode step unpacks each tile twice, not 16 times; a 5-row verify step once); a row's sums are the
+ * same whatever the count, so a row gets the same bits in any batch; prefill-sized inputs go in chunks of MC
+ * rows so that a chunk stays in L2.
  */
 #include "quant.h"
 
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #ifndef QMR
-#define QMR 4
+#define QMR 4           /* AVX2: activation rows a pass over a tile (3 registers a row of 16) */
+#endif
+#ifndef QMR_VNNI
+#define QMR_VNNI 8      /* AVX-512: 2 of its 32 registers a row; a batch-1 verify step (k + 1 rows) is one pass */
 #endif
 #ifndef MC
 #define MC 256
@@ -95,9 +100,9 @@ VNNI_TARGET static AI void tile_vnni(const int type, const uint8_t *tile, int64_
     const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80), five = _mm512_set1_epi8(0x10);
     const __m512i three = _mm512_set1_epi8(3);
     const float q8_offset = -128.0f;
-    const int8_t *xq[QMR];
-    const float *dx[QMR], *sx[QMR];            /* a row's scale per 32 values, its offset sums per group */
-    __m512 acc[QMR];
+    const int8_t *xq[QMR_VNNI];
+    const float *dx[QMR_VNNI], *sx[QMR_VNNI];            /* a row's scale per 32 values, its offset sums per group */
+    __m512 acc[QMR_VNNI];
     for (int j = 0; j < NRW; j++) {
         xq[j] = a->xq + (r + j) * K;
         dx[j] = a->dx + (r + j) * nb;
@@ -108,7 +113,7 @@ VNNI_TARGET static AI void tile_vnni(const int type, const uint8_t *tile, int64_
         const uint8_t *unit = tile + v * l->unit;
         prefetch_unit(unit, l->unit);
         for (int g = 0; g < groups; g++) {
-            __m512i dot[QMR];
+            __m512i dot[QMR_VNNI];
             for (int j = 0; j < NRW; j++) dot[j] = _mm512_setzero_si512();
             const int64_t k0 = v * l->values + g * l->group;            /* the group's first value */
 #pragma GCC unroll 8
@@ -275,7 +280,7 @@ typedef struct {
     float *y;
 } QArgs;
 
-/* one instance per type and row count: the type's branches fold away (four rows a call, or one) */
+/* one instance per type and row count: the type's branches fold away */
 #define TYPE_CASES(CALL, NRW)                                                                                      \
     switch (q->type) {                                                                                             \
     case T_Q4_0: CALL(T_Q4_0, NRW); break; case T_Q4_1: CALL(T_Q4_1, NRW); break;                                 \
@@ -284,26 +289,24 @@ typedef struct {
     case T_Q5_K: CALL(T_Q5_K, NRW); break; default: CALL(T_Q6_K, NRW); break;                                     \
     }
 
+/* one instance per row count: 1..QMR_VNNI (AVX2: 1..QMR) */
+#define ROW_CASES_4(CALL) \
+    case 1: TYPE_CASES(CALL, 1) break; case 2: TYPE_CASES(CALL, 2) break; \
+    case 3: TYPE_CASES(CALL, 3) break; case 4: TYPE_CASES(CALL, 4) break;
+#define ROW_CASES_8(CALL) ROW_CASES_4(CALL) \
+    case 5: TYPE_CASES(CALL, 5) break; case 6: TYPE_CASES(CALL, 6) break; \
+    case 7: TYPE_CASES(CALL, 7) break; default: TYPE_CASES(CALL, 8) break;
+
 VNNI_TARGET static void rows_vnni(const QArgs *q, const uint8_t *tile, int64_t r, int nrw, int64_t n0, int valid) {
-#define CALL(TYPE, NRW) tile_vnni(TYPE, tile, q->units, q->a, r + i, q->y, q->ldy, n0, valid, NRW)
-    if (nrw == QMR) {
-        const int i = 0;
-        TYPE_CASES(CALL, QMR)
-    } else {
-        for (int i = 0; i < nrw; i++) TYPE_CASES(CALL, 1)
-    }
+#define CALL(TYPE, NRW) tile_vnni(TYPE, tile, q->units, q->a, r, q->y, q->ldy, n0, valid, NRW)
+    switch (nrw) { ROW_CASES_8(CALL) }
 #undef CALL
 }
 
 static void rows_avx2(const QArgs *q, const uint8_t *tile, int64_t r, int nrw, int64_t n0, int valid) {
     for (int h = 0; h < 2 && 8 * h < valid; h++) {
-#define CALL(TYPE, NRW) half_avx2(TYPE, tile, q->units, q->a, r + i, q->y, q->ldy, n0, valid, h, NRW)
-        if (nrw == QMR) {
-            const int i = 0;
-            TYPE_CASES(CALL, QMR)
-        } else {
-            for (int i = 0; i < nrw; i++) TYPE_CASES(CALL, 1)
-        }
+#define CALL(TYPE, NRW) half_avx2(TYPE, tile, q->units, q->a, r, q->y, q->ldy, n0, valid, h, NRW)
+        switch (nrw) { ROW_CASES_4(CALL) default: abort(); }
 #undef CALL
     }
 }
@@ -316,8 +319,9 @@ static void q_tiles(const void *args, int64_t lo, int64_t hi) {
         const uint8_t *tile = q->w + t * tile_bytes;
         const int64_t n0 = t * TILE;
         const int valid = (int)(q->N - n0 < TILE ? q->N - n0 : TILE);
-        for (int64_t r = q->m0; r < q->m0 + q->mc; r += QMR) {
-            const int nrw = (int)(q->m0 + q->mc - r < QMR ? q->m0 + q->mc - r : QMR);
+        const int most = q->vnni ? QMR_VNNI : QMR;
+        for (int64_t r = q->m0; r < q->m0 + q->mc; r += most) {
+            const int nrw = (int)(q->m0 + q->mc - r < most ? q->m0 + q->mc - r : most);
             if (q->vnni) rows_vnni(q, tile, r, nrw, n0, valid);
             else rows_avx2(q, tile, r, nrw, n0, valid);
         }

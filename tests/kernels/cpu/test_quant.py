@@ -58,7 +58,8 @@ def test_blocks_read_as_the_gguf_package_dequantizes_them(name):
 
 @needs_kernels
 @pytest.mark.parametrize("name", LEGACY + K_QUANTS)
-@pytest.mark.parametrize(("m", "n"), [(1, 1), (1, 7), (2, 130), (3, 5), (5, 64), (17, 9)])
+@pytest.mark.parametrize(("m", "n"), [(1, 1), (1, 7), (2, 130), (3, 5), (5, 64), (6, 16), (7, 3), (8, 33),
+                                      (17, 9), (23, 18)])
 def test_gemm_q_matches_the_float_matmul_of_the_same_blocks(isa, name, m, n):
     type_id = TYPE_IDS[name]
     block = QUANT_TYPES[type_id][1]
@@ -72,6 +73,23 @@ def test_gemm_q_matches_the_float_matmul_of_the_same_blocks(isa, name, m, n):
         assert got.shape == (m, n) and got.dtype == torch.float32
         bound = _error_bound(x.double(), reference, block)
         assert ((got.double() - expected).abs() <= bound).all(), (k, (got.double() - expected).abs().max().item())
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
+def test_a_row_gets_the_same_bits_in_any_batch(isa, name):
+    """A pass takes up to 8 rows (AVX2: 4), each row count its own instance: a row's sums must not depend on
+    how many rows share its pass, or speculative decoding's verify rows would not equal the decode steps
+    they stand for (greedy outputs would drift at near-ties)."""
+    k = 768
+    raw = random_blocks(name, 40, k, seed=9)
+    weight = cpu_quant.PackedWeight(QuantizedWeight([(TYPE_IDS[name], raw)], k))
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(9))
+    whole = cpu_quant.gemm_q(x, weight)
+    for rows in (1, 2, 3, 5, 7, 8, 9):
+        for start in range(0, 13, rows):
+            assert torch.equal(cpu_quant.gemm_q(x[start:start + rows].contiguous(), weight),
+                               whole[start:start + rows]), (rows, start)
 
 
 @needs_kernels
