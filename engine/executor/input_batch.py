@@ -184,9 +184,7 @@ class InputBatch:
             positions = num_computed
             token_rows = rows
         else:
-            total = int(cu_tokens[-1])
-            owner = np.repeat(np.arange(len(rows)), num_scheduled)
-            offsets = np.arange(total) - np.repeat(cu_tokens - num_scheduled, num_scheduled)
+            owner, offsets = runs(num_scheduled)
             positions = num_computed[owner] + offsets
             token_rows = rows[owner]
         seq_lens = num_computed + num_scheduled

@@ -71,16 +71,6 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-def per_token_rows(metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-    """(seq_lens, block_tables) with one row per query token: token i of a request that has q query tokens
-    and seq_len cached ones (its own included) sees seq_len - q + i + 1 of them."""
-    starts = metadata.query_start_loc.to(torch.int64)
-    counts = starts[1:] - starts[:-1]
-    request = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    seen = metadata.seq_lens.to(torch.int64)[request] - counts[request] + torch.arange(len(request)) - starts[request]
-    return (seen + 1).to(torch.int32), metadata.block_tables.index_select(0, request)
-
-
 class CpuDecode:
     """Runs a LlamaForCausalLM's pure-decode steps through cpu_ops.DecodeStack; built per KV cache."""
 
@@ -109,7 +99,8 @@ class CpuDecode:
         hidden = self.model.model.embed_tokens(input_ids).to(torch.float32)
         seq_lens, block_tables = metadata.seq_lens, metadata.block_tables
         if not metadata.is_pure_decode:
-            seq_lens, block_tables = per_token_rows(metadata)
+            seq_lens, block_tables = cpu_ops.per_token_rows(metadata.query_start_loc, metadata.seq_lens,
+                                                            metadata.block_tables)
         return self._stack(hidden, positions, metadata.slot_mapping, seq_lens, block_tables)
 
     def _build(self, kv_caches: list[torch.Tensor]) -> cpu_ops.DecodeStack:

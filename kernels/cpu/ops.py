@@ -276,17 +276,29 @@ def paged_attention16(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     token runs as a decode row of its own causal length, reading the cache in place (2.5-6x the torch
     reference for 256-2,048-token prompts on the project's machine, whose masked SDPA grows quadratically
     in memory). Rows past query_start_loc[-1] (padding) get zeros. Only call when available()."""
+    lens, tables = per_token_rows(query_start_loc, seq_lens, block_tables, rows=query.shape[0])
+    return paged_decode_attention16(query, key_cache, value_cache, lens, tables, scale, batch_invariant=False)
+
+
+def per_token_rows(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                   rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seq_lens int32, block_tables) with one row per query token, so that prefill chunks and verify steps
+    run as decode rows: token i of a request with q query tokens and seq_len cached ones (its own included)
+    sees seq_len - q + i + 1 of them. `rows` pads both with zeros past the actual tokens. (The executor's
+    numpy twin for its staging buffers: StepInputs.token_rows.)"""
     starts = query_start_loc.to(torch.int64)
     counts = starts[1:] - starts[:-1]
     actual = int(starts[-1])
     request = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    lens = torch.zeros(query.shape[0], dtype=torch.int32)
-    # token i of request r sees the r's cached tokens before its chunk and its own chunk up to itself
-    lens[:actual] = (seq_lens.to(torch.int64)[request] - counts[request] + torch.arange(actual)
-                     - starts[request] + 1).to(torch.int32)
-    tables = torch.zeros(query.shape[0], block_tables.shape[1], dtype=torch.int32)
-    tables[:actual] = block_tables.index_select(0, request)
-    return paged_decode_attention16(query, key_cache, value_cache, lens, tables, scale, batch_invariant=False)
+    seen = seq_lens.to(torch.int64)[request] - counts[request] + torch.arange(actual) - starts[request] + 1
+    tables = block_tables.index_select(0, request)
+    if rows is None or rows == actual:
+        return seen.to(torch.int32), tables
+    lens = torch.zeros(rows, dtype=torch.int32)
+    lens[:actual] = seen
+    padded = torch.zeros(rows, block_tables.shape[1], dtype=block_tables.dtype)
+    padded[:actual] = tables
+    return lens, padded
 
 
 def _float32(x: torch.Tensor) -> torch.Tensor:
