@@ -53,7 +53,8 @@ class DisconnectAwareResponse:
         except asyncio.CancelledError:
             if not self._disconnected:
                 raise
-            task.uncancel()
+            if hasattr(task, "uncancel"):   # 3.11+: undo the count of the cancel; 3.10 keeps none
+                task.uncancel()
         finally:
             self._running = False
             watcher.cancel()
