@@ -222,16 +222,24 @@ class SuffixProposer:
             local.indexed = len(tokens)
         best: list[int] = []
         best_score = 0.0
-        # the local match: the deepest node of the sequence's own suffixes with a continuation (the current
-        # occurrence, at the end, has none yet, so count - 1 occurrences may continue)
+        # The local match: of the sequence's own suffixes with a continuation (the current occurrence, at
+        # the end, has none yet, so count - 1 occurrences may continue), the one whose draft scores best
+        # (its expected accepted tokens), deepest first. Not simply the deepest: a match and its draft
+        # share the trie's depth, so a match of depth - 1 tokens (any copied stretch soon has one) could
+        # draft one token only.
         active = local.trie.active
         for length in range(min(len(active), self.depth - 1), 0, -1):
             node = active[length - 1]
-            if node.has_children:
-                best, best_score = follow(node, node.count - 1, self._cap(limit, length), self.min_token_prob)
-                break
+            if not node.has_children:
+                continue
+            cap = self._cap(limit, length)
+            draft, score = follow(node, node.count - 1, cap, self.min_token_prob)
+            if score > best_score:
+                best, best_score = draft, score
+                if score >= cap:            # every token certain and as many as allowed: none scores more
+                    return best
         if self._cached:
-            node, length = self.cache.longest_match(tokens[-(self.depth - 1):])
+            node, length = self.cache.longest_match(tokens[-max(1, self.depth - limit):])   # room to draft
             if length:
                 draft, score = follow(node, node.count, self._cap(limit, length), self.min_token_prob)
                 if score > best_score:

@@ -41,10 +41,12 @@ def test_suffix_trie_counts_substrings_and_removes_them():
 def test_suffix_follows_the_most_frequent_continuation_while_probable():
     tokens = [5, 6, 7, 8, 0, 5, 6, 7, 8, 0, 5, 6, 9, 0, 5, 6]
     # the longest earlier match is "0 5 6" (3 tokens), continued once by 7 8 0 5 6 and once by 9: each
-    # branch has probability 1/2; the trie's depth (8) ends the draft after 5 tokens
+    # branch has probability 1/2, and the trie's depth (8) ends the draft after 5 tokens: 2.5 tokens expected.
+    # "5 6" is continued by 7 8 0 5 twice of three times: 4 x 2/3 = 2.67 expected (at most 2 x 2 tokens)
     proposer = SuffixProposer(depth=8, max_cached_requests=4, max_spec_factor=2.0, min_token_prob=0.3)
-    assert proposer.propose(0, tokens, 6) == [7, 8, 0, 5, 6]
-    assert SuffixProposer(8, 4, 2.0, 0.6).propose(0, tokens, 6) == []              # 1/2 < 0.6
+    assert proposer.propose(0, tokens, 6) == [7, 8, 0, 5]
+    assert SuffixProposer(8, 4, 1.0, 0.3).propose(0, tokens, 6) == [7, 8, 0]       # 3 x 1/2 > 2 x 2/3
+    assert SuffixProposer(8, 4, 2.0, 0.7).propose(0, tokens, 6) == []              # 1/2, 2/3 < 0.7
     assert SuffixProposer(8, 4, 0.5, 0.3).propose(0, tokens, 6) == [7]             # at most 0.5 x 3
     # "5 6 7" has been followed by 8 every time: certain, so the whole limit
     assert SuffixProposer(8, 4, 2.0, 0.9).propose(0, tokens[:8], 3) == [8, 0, 5]
@@ -58,3 +60,16 @@ def test_suffix_cache_of_finished_outputs_is_bounded():
     proposer.finish(4, [100, 9, 9], 1)                       # the third output pushes the first out
     assert proposer.propose(5, [50, 1, 2], 4) == []
     assert proposer.propose(6, [50, 7], 4) == [8]
+
+
+def test_suffix_drafts_in_full_inside_a_long_copied_stretch():
+    """A match and its draft share the trie's depth: inside a copied stretch the deepest match (depth - 1
+    tokens) leaves room for one token, so the proposer takes the deepest that leaves room for the limit."""
+    text = list(range(100, 140))
+    tokens = text + text[:30]                              # copying: 30 tokens in, the rest to come
+    proposer = SuffixProposer(depth=24, max_cached_requests=0, max_spec_factor=1.0, min_token_prob=0.1)
+    assert proposer.propose(0, tokens, 4) == text[30:34]
+    proposer.finish(0, tokens, 0)
+    cached = SuffixProposer(depth=24, max_cached_requests=4, max_spec_factor=1.0, min_token_prob=0.1)
+    cached.finish(1, text, 0)                              # the same text, now in the cache of outputs
+    assert cached.propose(2, text[:30], 4) == text[30:34]
