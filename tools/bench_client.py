@@ -75,7 +75,10 @@ async def send_request(
     endpoint: str,
     timeout_s: float,
 ) -> RequestRecord:
-    """POST one request (streamed, but for embeddings) and record it; never raises for a failed request."""
+    """POST one request (streamed, but for embeddings) and record it; never raises for a failed request.
+    endpoint: "completions", "chat" or "embeddings" (a chat stream's role preamble is no token)."""
+    if endpoint not in ("completions", "chat", "embeddings"):
+        raise ValueError(f"endpoint must be 'completions', 'chat' or 'embeddings', not {endpoint!r}")
     record = RequestRecord(prompt_len=prompt_len)
     work = (_embed(client, url, payload, record) if endpoint == "embeddings"
             else _stream(client, url, payload, endpoint == "chat", record))

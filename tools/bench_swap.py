@@ -34,7 +34,7 @@ def first_token(url: str, model: str, max_tokens: int, timeout: float = 300.0) -
     async def run():
         async with httpx.AsyncClient(timeout=timeout, headers={"Content-Type": "application/json"}) as client:
             payload = build_payload("chat", model, "Say hello.", max_tokens, ignore_eos=True)
-            return await send_request(client, url + "/v1/chat/completions", payload, 0, True, timeout)
+            return await send_request(client, url + "/v1/chat/completions", payload, 0, "chat", timeout)
 
     record = asyncio.run(run())
     if not record.success:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -163,3 +164,17 @@ def test_arrivals_are_reproducible_and_even_at_infinite_burstiness():
     a = arrival_offsets(50, 10.0, 1.0, np.random.default_rng(7))
     assert np.array_equal(a, arrival_offsets(50, 10.0, 1.0, np.random.default_rng(7)))
     assert np.allclose(np.diff(arrival_offsets(5, 10.0, float("inf"), np.random.default_rng(0))), 0.1)
+
+
+def test_bench_swap_times_the_first_token_not_the_role_preamble():
+    """bench swap once passed True where send_request takes the endpoint's name: every chat stream was read as
+    a completions stream, its role preamble (sent at once) counted as the first token, and a 1.6 s swap
+    measured 0.24 s. The stub sends the preamble at once and the first token after 300 ms."""
+    from tests.tools.stub_openai_server import StubOpenAIServer
+    from tools.bench_client import send_request
+    from tools.bench_swap import first_token
+
+    with StubOpenAIServer(ttft_ms=300, itl_ms=1) as stub:
+        assert 0.3 <= first_token(stub.url, "stub-model", 2) < 5
+    with pytest.raises(ValueError, match="endpoint must be"):
+        asyncio.run(send_request(None, "http://127.0.0.1:9", b"{}", 0, True, 1.0))
