@@ -67,7 +67,10 @@ def test_chat_template_and_eos_come_from_the_gguf(llm):
                                              add_generation_prompt=True)
     assert rendered.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert rendered.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
-    output = llm.chat([{"role": "user", "content": QUESTIONS[0][0]}], SamplingParams(temperature=0, max_tokens=48),
+    # The week question: its first token leads by 1.6 nats. The France one leads by 0.08 and, asked again (its
+    # prefix now cached, the rest prefilled by the fused step, which keeps float32 hidden states where the
+    # eager prefill keeps float16), can turn to another answer that never stops within 48 tokens.
+    output = llm.chat([{"role": "user", "content": QUESTIONS[1][0]}], SamplingParams(temperature=0, max_tokens=48),
                       use_tqdm=False)[0].outputs[0]
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert output.finish_reason == "stop" and output.token_ids[-1] == im_end
