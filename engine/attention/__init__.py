@@ -22,6 +22,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     num_actual_tokens: int           # T without padding
+    # some request computes prompt tokens this step (its first pass, the rest after a prefix-cache hit, or a
+    # recompute): on the CPU those take the eager path, so a prompt's logits do not depend on what was cached
+    prefill: bool = False
 
     @property
     def is_pure_decode(self) -> bool:

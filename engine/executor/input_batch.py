@@ -50,6 +50,7 @@ class StepInputs:
     sample_positions: np.ndarray | None = None   # int64 [S]: their positions in SchedulerOutput.reqs
     sample_offsets: np.ndarray | None = None     # int64 [S]: drafts before each row; None: no drafts
     num_sample_rows: np.ndarray | None = None    # int64 [sampling requests]: 1 + drafts; None: all 1
+    prefill: bool = False            # some request computes prompt tokens (AttentionMetadata.prefill)
 
     @property
     def num_tokens(self) -> int:
@@ -201,6 +202,7 @@ class InputBatch:
         query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
         query_start_loc[1:] = cu_tokens
         samples = seq_lens >= known
+        prefill = bool((num_computed < self.num_prompt_tokens[rows]).any())
         plans = self._prompt_logprob_plans(reqs, rows, num_computed, num_scheduled, cu_tokens) \
             if self.prompt_logprobs else []
         if num_drafts is not None:
@@ -208,7 +210,7 @@ class InputBatch:
                 input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
                 query_start_loc=query_start_loc, seq_lens=seq_lens.astype(np.int32), rows=rows,
                 block_table=self.block_table, block_size=bs, max_query_len=max_query_len, max_seq_len=max_seq_len,
-                logits_indices=cu_tokens, sample_rows=rows, sample_reqs=reqs, prompt_logprobs=plans,
+                logits_indices=cu_tokens, sample_rows=rows, sample_reqs=reqs, prompt_logprobs=plans, prefill=prefill,
             ), samples, num_drafts)
         return StepInputs(
             input_ids=input_ids,
@@ -226,6 +228,7 @@ class InputBatch:
             sample_reqs=reqs[samples],
             prompt_logprobs=plans,
             sample_positions=np.flatnonzero(samples),
+            prefill=prefill,
         )
 
     def truncate_blocks(self, req: int, num_kept: int) -> None:

@@ -309,6 +309,7 @@ class ModelRunner:
             max_query_len=inputs.max_query_len,
             max_seq_len=inputs.max_seq_len,
             num_actual_tokens=inputs.num_tokens,
+            prefill=inputs.prefill,
         )
         return metadata, put(inputs.input_ids), put(inputs.positions)
 

@@ -11,12 +11,14 @@ agrees with it to float32 rounding (tests/engine/models/test_cpu_decode.py; the 
 transformers run through it). Long prefill chunks keep the eager path: they are bound by arithmetic,
 where the per-op overhead is small next to the GEMMs.
 
-Several query tokens per request (speculative decoding's verify steps, short prompts: up to MAX_QUERY_TOKENS
-a request, and max_rows() in all) take this path too, as one row per token: each row attends causally to
+Several query tokens per request (speculative decoding's verify steps: up to MAX_QUERY_TOKENS a request, and
+max_rows() in all) take this path too, as one row per token: each row attends causally to
 its request's cache up to itself (its own length and a copy of its request's block-table row), the way
 kernels/cpu/ops.paged_attention16 runs prefill chunks. decode_forward16 writes every row's keys and values
 before any row attends, so a draft sees the drafts before it. The C call is unchanged; only its inputs are
-expanded here.
+expanded here. Steps that compute prompt tokens do not (AttentionMetadata.prefill): a GGUF's quantized
+matmuls here take 8-bit activations, which move its logits more than the eager path's exact weights do, and a
+prompt prefilled here after a prefix-cache hit but eagerly when cold would get its first token from either.
 
 Used when: kernels/cpu/ops runs here, the model is 16-bit with float32 activations (the upcast CPU path),
 one rank, no output/MLP biases, and the decode attention kernel takes the cache layout. Matmul weights kept
@@ -80,8 +82,12 @@ class CpuDecode:
         self.disabled: str | None = None        # why the stack could not be built (the eager path runs)
 
     def can_run(self, metadata: AttentionMetadata, input_ids: torch.Tensor, kv_caches: list[torch.Tensor]) -> bool:
-        if (self.disabled is not None or metadata.max_query_len > MAX_QUERY_TOKENS or input_ids.is_cuda
-                or not 0 < len(input_ids) <= max_rows() or len(input_ids) != metadata.num_actual_tokens):
+        # Prompt tokens go eagerly: its exact weights and float32 sums, where this path takes 8-bit activations
+        # (a GGUF's logits move by ~0.5 here); prefilled here after a prefix-cache hit and eagerly when cold,
+        # a prompt's first token would hang on what was cached (a near-tie flips).
+        if (self.disabled is not None or metadata.prefill or metadata.max_query_len > MAX_QUERY_TOKENS
+                or input_ids.is_cuda or not 0 < len(input_ids) <= max_rows()
+                or len(input_ids) != metadata.num_actual_tokens):
             return False
         stack = self._stack
         if stack is None or any(a is not b for a, b in zip(stack.kv_caches, kv_caches, strict=True)):

@@ -61,6 +61,18 @@ def test_chat_answers_simple_questions(llm):
         assert answer in output.outputs[0].text, (question, output.outputs[0].text)
 
 
+def test_a_prompt_gets_the_same_tokens_from_the_prefix_cache(llm):
+    """Asked again, a prompt's cached blocks are skipped and only its tail is computed: that tail must take the
+    path a cold prompt takes. (The fused decode step's 8-bit activations once prefilled it, and the France
+    question, whose first token leads by 0.08 nats, answered "L'Étoile, la femme, la femme..." the second
+    time.)"""
+    conversations = [[{"role": "user", "content": q}] for q, _ in QUESTIONS]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    first = [o.outputs[0].token_ids for o in llm.chat(conversations, params, use_tqdm=False)]
+    again = [o.outputs[0].token_ids for o in llm.chat(conversations, params, use_tqdm=False)]
+    assert again == first
+
+
 def test_chat_template_and_eos_come_from_the_gguf(llm):
     tokenizer = llm.get_tokenizer()
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
