@@ -158,10 +158,12 @@ BF16_TARGET static inline __m512 sums16(__m512 *a) {
                          _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* o[g][d0 .. d0 + 16 NV) += sum_i p[g][i] v_(first + i)[d0 ..] for GN <= 4 query heads, NV <= 4 */
+/* o[g][d0 .. d0 + 16 NV) += sum_i p[g][i] v_(first + i)[d0 ..] for GN <= 4 query heads, NV <= 4; the cache
+ * bf16, or f16 (F16: widened by VCVTPH2PS) */
 BF16_TARGET static inline __attribute__((always_inline)) void value_pass16(
     const uint16_t *value_cache, const int32_t *table, int64_t first, int64_t S, int64_t block_size,
-    int64_t row_stride, int64_t d0, const float *const *p, float *const *o, const int GN, const int NV) {
+    int64_t row_stride, int64_t d0, const float *const *p, float *const *o, const int GN, const int NV,
+    const int F16) {
     __m512 a[4][4];
     for (int g = 0; g < GN; g++)
         for (int c = 0; c < NV; c++) a[g][c] = _mm512_loadu_ps(o[g] + d0 + 16 * c);
@@ -171,7 +173,8 @@ BF16_TARGET static inline __attribute__((always_inline)) void value_pass16(
         __m512 pg[4];
         for (int g = 0; g < GN; g++) pg[g] = _mm512_set1_ps(p[g][i]);
         for (int c = 0; c < NV; c++) {
-            const __m512 vv = load16_bf16(v + 16 * c, 0xffff);
+            const __m512 vv = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * c)))
+                                  : load16_bf16(v + 16 * c, 0xffff);
             for (int g = 0; g < GN; g++) a[g][c] = _mm512_fmadd_ps(pg[g], vv, a[g][c]);
         }
     }
@@ -181,24 +184,27 @@ BF16_TARGET static inline __attribute__((always_inline)) void value_pass16(
 
 BF16_TARGET static inline __attribute__((always_inline)) void value_heads16(
     const uint16_t *value_cache, const int32_t *table, int64_t first, int64_t S, int64_t block_size,
-    int64_t row_stride, int64_t D, const float *const *p, float *const *o, const int GN) {
+    int64_t row_stride, int64_t D, const float *const *p, float *const *o, const int GN, const int F16) {
     int64_t d0 = 0;
     for (; d0 + 64 <= D; d0 += 64)
-        value_pass16(value_cache, table, first, S, block_size, row_stride, d0, p, o, GN, 4);
+        value_pass16(value_cache, table, first, S, block_size, row_stride, d0, p, o, GN, 4, F16);
     for (; d0 < D; d0 += 32)         /* D % 32 == 0 */
-        value_pass16(value_cache, table, first, S, block_size, row_stride, d0, p, o, GN, 2);
+        value_pass16(value_cache, table, first, S, block_size, row_stride, d0, p, o, GN, 2, F16);
 }
 
-BF16_TARGET static void value_heads_bf16(const uint16_t *vh, const int32_t *table, int64_t first, int64_t S,
-                                         int64_t block_size, int64_t row_stride, int64_t D, const float *const *p,
-                                         float *const *o, int is_bf16, int64_t heads) {
-    (void)is_bf16;                   /* a bf16 cache */
-    switch (heads) {
-    case 4: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 4); break;
-    case 3: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 3); break;
-    case 2: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 2); break;
-    default: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 1); break;
+/* the AVX-512 value pass, for a bf16 or an f16 cache */
+BF16_TARGET static void value_heads_avx512(const uint16_t *vh, const int32_t *table, int64_t first, int64_t S,
+                                           int64_t block_size, int64_t row_stride, int64_t D, const float *const *p,
+                                           float *const *o, int is_bf16, int64_t heads) {
+#define HEADS(F16)                                                                                   \
+    switch (heads) {                                                                                 \
+    case 4: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 4, F16); break;      \
+    case 3: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 3, F16); break;      \
+    case 2: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 2, F16); break;      \
+    default: value_heads16(vh, table, first, S, block_size, row_stride, D, p, o, 1, F16); break;     \
     }
+    if (is_bf16) HEADS(0) else HEADS(1)
+#undef HEADS
 }
 
 #define KEYS16 16
@@ -248,7 +254,50 @@ BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_ca
             }
     }
     softmax_rows(scores, Hq, S, maxs, sums);
-    accumulate_values(scores, value_cache, table, first, S, Hq, Hk, D, block_size, 1, out, value_heads_bf16);
+    accumulate_values(scores, value_cache, table, first, S, Hq, Hk, D, block_size, 1, out, value_heads_avx512);
+}
+
+/* attend_range on the same AVX-512 CPUs for an f16 cache (D % 32 == 0): each group of 16 keys widened once per
+ * KV head (VCVTPH2PS), each query head's 16 float32 dot products reduced together, the values widened sixteen
+ * at a time. The arithmetic of attend_range (float32 products of the f16 values) in other sums' order, with
+ * half its instructions a key. */
+BF16_TARGET static void attend_range_f16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
+                                         const int32_t *table, int64_t first, int64_t S, int64_t ahead_to,
+                                         int64_t Hq, int64_t Hk, int64_t D, int64_t block_size, float scale,
+                                         float *scores, float *out, float *maxs, float *sums) {
+    const int64_t row_stride = Hk * D, group = Hq / Hk, chunks = D / 16;
+    float keys[KEYS16][MAX_HEAD_DIM];
+    const int64_t row_bytes = row_stride * 2;
+    SlotWalk walk = slot_walk(table, block_size, first), prefetch = walk;
+    int64_t prefetched = 0;
+    for (int64_t i0 = 0; i0 < S; i0 += KEYS16) {
+        const int64_t n = S - i0 < KEYS16 ? S - i0 : KEYS16;
+        const uint16_t *rows[KEYS16], *ahead[KEYS16 + PREFETCH_KEYS];
+        const int64_t ahead_n = key_group(&walk, &prefetch, &prefetched, i0, n, ahead_to, key_cache, row_stride,
+                                          rows, ahead);
+        int64_t issued = 0, head_done = 0;
+        const __mmask16 valid = tail16(n);
+        for (int64_t h = 0; h < Hk; h++) {
+            for (int64_t j = 0; j < KEYS16; j++)
+                for (int64_t c = 0; c < chunks; c++)
+                    _mm512_storeu_ps(keys[j] + 16 * c, j < n ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                                   (const __m256i *)(rows[j] + h * D + 16 * c)))
+                                                             : _mm512_setzero_ps());
+            for (int64_t g = h * group; g < (h + 1) * group; g++) {
+                prefetch_share(ahead, ahead_n, &issued, ++head_done, Hq, key_cache, value_cache, row_bytes);
+                const float *qg = q + g * D;
+                __m512 acc[KEYS16];
+                for (int j = 0; j < KEYS16; j++) acc[j] = _mm512_setzero_ps();
+                for (int64_t c = 0; c < chunks; c++) {
+                    const __m512 qv = _mm512_loadu_ps(qg + 16 * c);
+                    for (int j = 0; j < KEYS16; j++) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(keys[j] + 16 * c), qv, acc[j]);
+                }
+                _mm512_mask_storeu_ps(scores + g * S + i0, valid, _mm512_mul_ps(sums16(acc), _mm512_set1_ps(scale)));
+            }
+        }
+    }
+    softmax_rows(scores, Hq, S, maxs, sums);
+    accumulate_values(scores, value_cache, table, first, S, Hq, Hk, D, block_size, 0, out, value_heads_avx512);
 }
 
 /* One request's query heads q [Hq, D] (float32) against its keys [first, first + S), every KV head in one
@@ -260,9 +309,9 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
                          const int32_t *table, int64_t first, int64_t S, int64_t ahead_to, int64_t Hq, int64_t Hk,
                          int64_t D, int64_t block_size, float scale, int is_bf16, float *scores, float *out,
                          float *maxs, float *sums) {
-    if (is_bf16 && use_bf16_dot && D % 32 == 0) {
-        attend_range_bf16(q, key_cache, value_cache, table, first, S, ahead_to, Hq, Hk, D, block_size, scale,
-                          scores, out, maxs, sums);
+    if (use_bf16_dot && D % 32 == 0) {            /* the library's AVX-512 switch */
+        (is_bf16 ? attend_range_bf16 : attend_range_f16)(q, key_cache, value_cache, table, first, S, ahead_to, Hq,
+                                                         Hk, D, block_size, scale, scores, out, maxs, sums);
         return;
     }
     const int64_t row_stride = Hk * D, group = Hq / Hk;

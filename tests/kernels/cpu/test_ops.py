@@ -153,6 +153,30 @@ def test_paged_decode_attention16_matches_the_torch_reference(float32_arithmetic
     torch.testing.assert_close(got32, expected, atol=1e-5, rtol=1e-4)
 
 
+@needs_bf16_dot
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128), (10, 2, 40)])
+def test_paged_decode_attention16_on_avx512_matches_the_reference_for_an_f16_cache(num_heads, num_kv_heads, head_dim):
+    """With the AVX-512 switch on, an f16 cache takes its own path (keys widened 16 at a time, float32
+    products, the same arithmetic as the AVX2 path in another order; head_dim 40 stays on AVX2): float32
+    accuracy, over ranges (long rows) and short rows."""
+    generator = torch.Generator().manual_seed(num_heads * 10 + head_dim)
+    block_size, seq_lens = 16, torch.tensor([1, 15, 17, 333, 70], dtype=torch.int32)
+    blocks_per_seq = -(-int(seq_lens.max()) // block_size)
+    num_blocks = 1 + len(seq_lens) * blocks_per_seq
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).half()
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator).half()
+    block_tables = (1 + torch.randperm(num_blocks - 1, generator=generator)).view(len(seq_lens), -1).int()
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=generator)
+    expected = paged_decode_attention_torch(query, key_cache.float(), value_cache.float(), seq_lens, block_tables,
+                                            head_dim**-0.5)
+    was = cpu_ops.set_bf16_dot(True)
+    try:
+        got = cpu_ops.paged_decode_attention16(query, key_cache, value_cache, seq_lens, block_tables, head_dim**-0.5)
+    finally:
+        cpu_ops.set_bf16_dot(was)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
 def test_supports_attention_names_the_layouts_it_cannot_take():
     cache16 = torch.zeros(2, 4, 2, 64, dtype=torch.bfloat16)
     assert cpu_ops.supports_attention(cache16, 6)
