@@ -139,10 +139,7 @@ static void accumulate_values(const float *scores, const uint16_t *value_cache, 
     }
 }
 
-/* attend_range on AVX-512 BF16 CPUs for a bf16 cache (when set_bf16_dot(1) was called and D % 32 == 0):
- * the query rounded to bf16 (as a bf16 model's own attention has it) times the keys in place by VDPBF16PS,
- * 16 keys' dot products reduced together into one vector; the values widened sixteen at a time. The same
- * contract and the same prefetch as attend_range, about three times fewer instructions a key. */
+/* ---------------------------------------------------------------- AVX-512 (attend_range16, below) */
 BF16_TARGET static inline __m512 sums16(__m512 *a) {
     /* lane j of the result = the sum of a[j]'s sixteen lanes */
     __m512 b[8], c[4], d[2];
@@ -220,53 +217,20 @@ static inline void prefetch_share(const uint16_t *const *ahead, int64_t ahead_n,
     }
 }
 
-BF16_TARGET static void attend_range_bf16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
-                                          const int32_t *table, int64_t first, int64_t S, int64_t ahead_to,
-                                          int64_t Hq, int64_t Hk, int64_t D, int64_t block_size, float scale,
-                                          float *scores, float *out, float *maxs, float *sums) {
-    const int64_t row_stride = Hk * D, group = Hq / Hk, chunks = D / 32;
-    uint16_t qb[Hq * D];                   /* at most MAX_HEAD_DIM x the heads: a few KB */
-    rows_to_bf16(q, qb, Hq, D, D);
-    const int64_t row_bytes = row_stride * 2;
-    SlotWalk walk = slot_walk(table, block_size, first), prefetch = walk;
-    int64_t prefetched = 0;
-    for (int64_t i0 = 0; i0 < S; i0 += KEYS16) {
-        const int64_t n = S - i0 < KEYS16 ? S - i0 : KEYS16;
-        const uint16_t *rows[KEYS16], *ahead[KEYS16 + PREFETCH_KEYS];
-        const int64_t ahead_n = key_group(&walk, &prefetch, &prefetched, i0, n, ahead_to, key_cache, row_stride,
-                                          rows, ahead);
-        int64_t issued = 0, head_done = 0;
-        const __mmask16 valid = tail16(n);
-        for (int64_t h = 0; h < Hk; h++)
-            for (int64_t g = h * group; g < (h + 1) * group; g++) {
-                prefetch_share(ahead, ahead_n, &issued, ++head_done, Hq, key_cache, value_cache, row_bytes);
-                const uint16_t *qg = qb + g * D;
-                __m512 acc[KEYS16];
-                for (int j = 0; j < KEYS16; j++) acc[j] = _mm512_setzero_ps();
-                for (int64_t c = 0; c < chunks; c++) {
-                    const __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qg + 32 * c));
-                    for (int j = 0; j < KEYS16; j++)
-                        if (j < n)
-                            acc[j] = _mm512_dpbf16_ps(acc[j], qv,
-                                                      (__m512bh)_mm512_loadu_si512((const void *)(rows[j] + h * D + 32 * c)));
-                }
-                _mm512_mask_storeu_ps(scores + g * S + i0, valid, _mm512_mul_ps(sums16(acc), _mm512_set1_ps(scale)));
-            }
-    }
-    softmax_rows(scores, Hq, S, maxs, sums);
-    accumulate_values(scores, value_cache, table, first, S, Hq, Hk, D, block_size, 1, out, value_heads_avx512);
-}
-
-/* attend_range on the same AVX-512 CPUs for an f16 cache (D % 32 == 0): each group of 16 keys widened once per
- * KV head (VCVTPH2PS), each query head's 16 float32 dot products reduced together, the values widened sixteen
- * at a time. The arithmetic of attend_range (float32 products of the f16 values) in other sums' order, with
- * half its instructions a key. */
-BF16_TARGET static void attend_range_f16(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
-                                         const int32_t *table, int64_t first, int64_t S, int64_t ahead_to,
-                                         int64_t Hq, int64_t Hk, int64_t D, int64_t block_size, float scale,
-                                         float *scores, float *out, float *maxs, float *sums) {
-    const int64_t row_stride = Hk * D, group = Hq / Hk, chunks = D / 16;
-    float keys[KEYS16][MAX_HEAD_DIM];
+/* attend_range on AVX-512 BF16 CPUs (D % 32 == 0) for a 16-bit cache, 16 keys' dot products reduced together
+ * into one vector, the values widened sixteen at a time. A bf16 cache (F16 = 0): the query rounded to bf16 (as
+ * a bf16 model's own attention has it) times the keys in place by VDPBF16PS, about three times fewer
+ * instructions a key than attend_range. An f16 cache (F16 = 1): each group of 16 keys widened once per KV head
+ * (VCVTPH2PS) and multiplied in float32, attend_range's arithmetic in another order, half its instructions a
+ * key. The same contract and the same prefetch as attend_range. */
+BF16_TARGET static inline __attribute__((always_inline)) void attend_range16(
+    const float *q, const uint16_t *key_cache, const uint16_t *value_cache, const int32_t *table, int64_t first,
+    int64_t S, int64_t ahead_to, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size, float scale,
+    float *scores, float *out, float *maxs, float *sums, const int F16) {
+    const int64_t row_stride = Hk * D, group = Hq / Hk;
+    uint16_t qb[F16 ? 1 : Hq * D];         /* the query in bf16: at most MAX_HEAD_DIM x the heads, a few KB */
+    float keys[F16 ? KEYS16 : 1][MAX_HEAD_DIM];     /* f16: a KV head's 16 keys, widened */
+    if (!F16) rows_to_bf16(q, qb, Hq, D, D);
     const int64_t row_bytes = row_stride * 2;
     SlotWalk walk = slot_walk(table, block_size, first), prefetch = walk;
     int64_t prefetched = 0;
@@ -278,26 +242,49 @@ BF16_TARGET static void attend_range_f16(const float *q, const uint16_t *key_cac
         int64_t issued = 0, head_done = 0;
         const __mmask16 valid = tail16(n);
         for (int64_t h = 0; h < Hk; h++) {
-            for (int64_t j = 0; j < KEYS16; j++)
-                for (int64_t c = 0; c < chunks; c++)
-                    _mm512_storeu_ps(keys[j] + 16 * c, j < n ? _mm512_cvtph_ps(_mm256_loadu_si256(
-                                                                   (const __m256i *)(rows[j] + h * D + 16 * c)))
-                                                             : _mm512_setzero_ps());
+            if (F16)
+                for (int64_t j = 0; j < KEYS16; j++)
+                    for (int64_t c = 0; c < D / 16; c++)
+                        _mm512_storeu_ps(keys[j] + 16 * c, j < n ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                                       (const __m256i *)(rows[j] + h * D + 16 * c)))
+                                                                 : _mm512_setzero_ps());
             for (int64_t g = h * group; g < (h + 1) * group; g++) {
                 prefetch_share(ahead, ahead_n, &issued, ++head_done, Hq, key_cache, value_cache, row_bytes);
-                const float *qg = q + g * D;
                 __m512 acc[KEYS16];
                 for (int j = 0; j < KEYS16; j++) acc[j] = _mm512_setzero_ps();
-                for (int64_t c = 0; c < chunks; c++) {
-                    const __m512 qv = _mm512_loadu_ps(qg + 16 * c);
-                    for (int j = 0; j < KEYS16; j++) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(keys[j] + 16 * c), qv, acc[j]);
+                if (F16) {
+                    for (int64_t c = 0; c < D / 16; c++) {
+                        const __m512 qv = _mm512_loadu_ps(q + g * D + 16 * c);
+                        for (int j = 0; j < KEYS16; j++)
+                            acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(keys[j] + 16 * c), qv, acc[j]);
+                    }
+                } else {
+                    for (int64_t c = 0; c < D / 32; c++) {
+                        const __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qb + g * D + 32 * c));
+                        for (int j = 0; j < KEYS16; j++)
+                            if (j < n)
+                                acc[j] = _mm512_dpbf16_ps(acc[j], qv, (__m512bh)_mm512_loadu_si512(
+                                                                          (const void *)(rows[j] + h * D + 32 * c)));
+                    }
                 }
                 _mm512_mask_storeu_ps(scores + g * S + i0, valid, _mm512_mul_ps(sums16(acc), _mm512_set1_ps(scale)));
             }
         }
     }
     softmax_rows(scores, Hq, S, maxs, sums);
-    accumulate_values(scores, value_cache, table, first, S, Hq, Hk, D, block_size, 0, out, value_heads_avx512);
+    accumulate_values(scores, value_cache, table, first, S, Hq, Hk, D, block_size, !F16, out, value_heads_avx512);
+}
+
+BF16_TARGET static void attend_range_avx512(const float *q, const uint16_t *key_cache, const uint16_t *value_cache,
+                                            const int32_t *table, int64_t first, int64_t S, int64_t ahead_to,
+                                            int64_t Hq, int64_t Hk, int64_t D, int64_t block_size, float scale,
+                                            int is_bf16, float *scores, float *out, float *maxs, float *sums) {
+    if (is_bf16)
+        attend_range16(q, key_cache, value_cache, table, first, S, ahead_to, Hq, Hk, D, block_size, scale, scores,
+                       out, maxs, sums, 0);
+    else
+        attend_range16(q, key_cache, value_cache, table, first, S, ahead_to, Hq, Hk, D, block_size, scale, scores,
+                       out, maxs, sums, 1);
 }
 
 /* One request's query heads q [Hq, D] (float32) against its keys [first, first + S), every KV head in one
@@ -310,8 +297,8 @@ static void attend_range(const float *q, const uint16_t *key_cache, const uint16
                          int64_t D, int64_t block_size, float scale, int is_bf16, float *scores, float *out,
                          float *maxs, float *sums) {
     if (use_bf16_dot && D % 32 == 0) {            /* the library's AVX-512 switch */
-        (is_bf16 ? attend_range_bf16 : attend_range_f16)(q, key_cache, value_cache, table, first, S, ahead_to, Hq,
-                                                         Hk, D, block_size, scale, scores, out, maxs, sums);
+        attend_range_avx512(q, key_cache, value_cache, table, first, S, ahead_to, Hq, Hk, D, block_size, scale,
+                            is_bf16, scores, out, maxs, sums);
         return;
     }
     const int64_t row_stride = Hk * D, group = Hq / Hk;
