@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from tests.e2e.server import ServerProcess, descendants
+from tests.e2e.server import ServerProcess, descendants, shm_segments
 
 KEY_A, KEY_B = "hostile-key-a", "hostile-key-b"
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
@@ -103,8 +103,8 @@ def alive(pid: int) -> bool:
         return False
 
 
-def ours_in_shm() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if "ringserve" in name}
+def ours_in_shm(pids=None) -> set[str]:
+    return shm_segments(pids)
 
 
 def cmdline(pid: int) -> str:

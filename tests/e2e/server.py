@@ -15,6 +15,17 @@ import httpx
 from engine.process import children, descendants  # noqa: F401  (the e2e tests' names for them)
 from tests.conftest import REPO
 
+
+def shm_segments(pids=None) -> set[str]:
+    """ringserve's segments in /dev/shm; with `pids`, only those these processes created (a segment is named
+    ringserve-<creator pid>-<random>), so that a test's leak check does not see other servers on the machine."""
+    names = {n for n in os.listdir("/dev/shm") if n.startswith("ringserve")}
+    if pids is None:
+        return names
+    wanted = {str(pid) for pid in pids}
+    return {n for n in names if len(n.split("-")) >= 3 and n.split("-")[-2] in wanted}
+
+
 SERVING = re.compile(r"serving (\S+) on (http://\S+)")
 
 

@@ -76,7 +76,7 @@ def test_engine_death_is_logged_once_and_the_stats_line_stops():
     assert f"pid {executor}" in log[errors[0]] and "SIGKILL" in log[errors[0]], log[errors[0]]
     assert not any("Running:" in line for line in log[errors[0]:]), log[errors[0]:]
     assert hostile.wait_for(lambda: not any(map(hostile.alive, engine)), timeout=10)
-    assert hostile.ours_in_shm() - before == set()
+    assert hostile.ours_in_shm({s.proc.pid, executor, *engine}) - before == set()
 
 
 def test_sigterm_past_the_timeout_ends_every_stream_with_an_error_event():
@@ -129,7 +129,7 @@ def test_sigterm_past_the_timeout_ends_every_stream_with_an_error_event():
     assert b'"type":"error"' in bodies["responses"].rsplit(b"\n\n", 2)[-2]
     assert not any("Traceback" in line for line in s.lines), "".join(s.lines[-40:])
     assert hostile.wait_for(lambda: not any(map(hostile.alive, engine)), timeout=10)
-    assert hostile.ours_in_shm() - before == set()
+    assert hostile.ours_in_shm({s.proc.pid, *engine}) - before == set()
 
 
 def test_nothing_is_left_after_kill_9_of_the_frontend():
@@ -146,4 +146,4 @@ def test_nothing_is_left_after_kill_9_of_the_frontend():
     finally:
         s.kill()
     assert hostile.wait_for(lambda: not any(map(hostile.alive, engine)), timeout=15)
-    assert hostile.ours_in_shm() - before == set()
+    assert hostile.ours_in_shm({s.proc.pid, *engine}) - before == set()

@@ -15,11 +15,11 @@ import openai
 import pytest
 
 from tests.conftest import shared_path
-from tests.e2e.server import ServerProcess, descendants
+from tests.e2e.server import ServerProcess, descendants, shm_segments
 
 
-def ours_in_shm() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if "ringserve" in n}
+def ours_in_shm(pids=None) -> set[str]:
+    return shm_segments(pids)
 
 
 def gone(pids, timeout: float = 10.0) -> bool:
@@ -211,7 +211,7 @@ def test_sigkill_of_the_scheduler_ends_streams_with_an_error_and_health_503():
         assert "error" in json.loads(rest[-2][6:])
         assert httpx.get(s.url + "/health").status_code == 503
         assert gone(engine)
-    assert ours_in_shm() - before == set()
+    assert ours_in_shm({s.proc.pid, *engine}) - before == set()
 
 
 def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
@@ -238,7 +238,7 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
         s.kill()
     assert [r["usage"]["completion_tokens"] for r in results] == [200] * 4
     assert gone(engine)
-    assert ours_in_shm() - before == set()
+    assert ours_in_shm({s.proc.pid, *engine}) - before == set()
 
 
 def test_profiling_writes_the_executor_trace_and_request_events(tmp_path):
