@@ -111,7 +111,8 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     every draft is a row through all the weights); its spec factor is 2.0 (vLLM: 1.0), since a verify row costs
     about a fifth of a decode step here, so a draft after a short match (an edit just made) still pays
     (measured on `bench spec`'s copy workload: 1.81x against 1.68x at 1.0, the open one unharmed); and
-    disable_by_batch_size defaults to the crossover measured on the CPU rather than to off. Two keys are ringserve's: `min_acceptance_rate` and `acceptance_window`, the
+    disable_by_batch_size defaults to the crossover measured on the CPU rather than to off. Two keys are
+    ringserve's: `min_acceptance_rate` and `acceptance_window`, the
     per-request draft length and switch (engine/core/speculator.py). Draft-model methods (eagle, mtp, draft
     models) are refused with a ConfigError that names the key.
     """

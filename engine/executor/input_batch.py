@@ -210,7 +210,8 @@ class InputBatch:
                 input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
                 query_start_loc=query_start_loc, seq_lens=seq_lens.astype(np.int32), rows=rows,
                 block_table=self.block_table, block_size=bs, max_query_len=max_query_len, max_seq_len=max_seq_len,
-                logits_indices=cu_tokens, sample_rows=rows, sample_reqs=reqs, prompt_logprobs=plans, prefill=prefill,
+                logits_indices=cu_tokens, sample_rows=rows, sample_reqs=reqs, prompt_logprobs=plans,
+                prefill=prefill,
             ), samples, num_drafts)
         return StepInputs(
             input_ids=input_ids,
