@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 
 import click
@@ -117,6 +118,10 @@ def chat(model: str | None, url: str, api_key: str | None, system_prompt: str | 
         except httpx.HTTPError as e:
             raise click.ClickException(f"cannot reach the server at {url}: {e}") from None
         click.echo(f"Chatting with {model} at {url}. /help lists the commands; Ctrl-C stops a reply, Ctrl-D quits.")
+        if sys.stdin.isatty():
+            # Ctrl-C is this program's stop key: started from a shell's background job or a wrapper that
+            # ignores SIGINT, Python would inherit the ignore and a reply could not be stopped
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         session = ChatSession(http, model, system_prompt, temperature, max_tokens)
         with _at_terminal(_line_history):
             while True:

@@ -16,10 +16,10 @@ pexpect = pytest.importorskip("pexpect")
 LEFT, UP = "\x1b[D", "\x1b[A"
 
 
-def start_chat(url: str, tmp_path, *args: str):
+def start_chat(url: str, tmp_path, *args: str, preexec_fn=None):
     env = dict(os.environ, PYTHONPATH=str(REPO), TERM="xterm", XDG_CACHE_HOME=str(tmp_path))
     child = pexpect.spawn(sys.executable, ["-m", "frontend.cli", "chat", "--url", url + "/v1", *args], env=env,
-                          encoding="utf-8", timeout=30, dimensions=(40, 200))
+                          encoding="utf-8", timeout=30, dimensions=(40, 200), preexec_fn=preexec_fn)
     child.expect(f"Chatting with {MODEL_NAME}")
     child.expect("> ")
     return child
@@ -96,5 +96,22 @@ def test_ctrl_c_stops_the_reply_and_typing_stays_out_of_it(tmp_path):
         partial = messages[1]["content"]                   # the part of the stopped reply that was shown
         assert partial.startswith(TOKEN_TEXT * 5) and len(partial) < len(TOKEN_TEXT) * 2000
         assert len(stub.requests) == 2
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+
+
+def test_ctrl_c_works_when_started_with_sigint_ignored(tmp_path):
+    """A shell's background job (or a wrapper) starts its children with SIGINT ignored, and Python keeps the
+    ignore: CI ran this suite so, and Ctrl-C then did nothing. The chat takes Ctrl-C back at a terminal."""
+    import signal
+
+    with StubOpenAIServer(ttft_ms=1, itl_ms=20) as stub:
+        child = start_chat(stub.url, tmp_path, "--max-tokens", "2000",
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        child.sendline("go on")
+        child.expect(TOKEN_TEXT * 3)
+        child.sendintr()
+        child.expect(r"\[stopped\]")
+        child.expect("> ")
         child.sendline("/exit")
         child.expect(pexpect.EOF)
