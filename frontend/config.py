@@ -47,7 +47,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     models_max: int | None = None            # engines loaded at once (least recently used unloaded first);
                                              # None: as many as there are models
     idle_unload: float | None = None         # seconds unused after which a model's engine stops
-    models_parked: int = 1                   # engines kept asleep at level 2 (processes, no weights) when
+    models_parked: int = 0                   # engines kept asleep at level 2 (processes, no weights) when
                                              # their model makes room for another: a swap back is a wake
     models_wait: float = 60.0                # seconds a request waits for room before a 503
     web_ui: bool = True                      # the chat page at / (--no-web-ui: off)

@@ -3,13 +3,12 @@
 One request at a time, streamed, each timed to its first token:
 - cold: a model nobody has loaded (every model is unloaded first): the load and the first token;
 - warm: the same model again (the baseline);
-- swap: alternating between two models under --models-max 1, so each request parks (by default) or, with
-  --models-parked 0, unloads the other model, and wakes or loads its own; "swap adds" is the median swap's
-  first token minus the median warm one;
+- swap: alternating between two models under --models-max 1, so each request unloads the other model and
+  loads its own; "swap adds" is the median swap's first token minus the median warm one;
 - after sleep level 1 and 2: a request to a sleeping model (it wakes first); and the wake alone
   (POST /wake_up), beside the cold load it spares.
 
-    ringserve bench swap --models-dir DIR [--models A,B] [--serve-arg=--models-parked --serve-arg=0]
+    ringserve bench swap --models-dir DIR [--models A,B] [--serve-arg=--models-parked --serve-arg=1]
                                                               # starts `ringserve serve` on a free port
     ringserve bench swap --base-url URL --models A,B          # a server that runs with --models-max 1
     python -m tools.bench_swap ...

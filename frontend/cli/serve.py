@@ -79,10 +79,9 @@ def _listed(ctx, param, values: tuple[str, ...]) -> list[str]:
                    "(default: no limit).")
 @click.option("--idle-unload", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Unload a model nobody has used for this long (default: never).")
-@click.option("--models-parked", type=click.IntRange(min=0), default=1,
+@click.option("--models-parked", type=click.IntRange(min=0), default=0,
               help="Models that make room for another are parked this many at most: asleep at level 2 (their "
-                   "processes kept, weights and KV cache freed), so that switching back is a wake, not a start "
-                   "(0: they stop).")
+                   "processes kept, weights and KV cache freed), so that switching back is a wake, not a start.")
 @click.option("--models-wait", type=click.FloatRange(min=0, min_open=True), default=60.0, metavar="SECONDS",
               help="How long a request waits for room (--models-max) before a 503 with Retry-After.")
 @click.option("--web-ui/--no-web-ui", default=True,

@@ -86,16 +86,6 @@ def test_alternating_requests_two_at_a_time_under_models_max_1_all_succeed(serve
     assert answered == ["demo-a", "demo-b"] * 3
 
 
-def test_the_model_that_makes_room_is_parked_by_default(server, client):
-    """--models-parked defaults to 1: under --models-max 1 the model that made room sleeps (processes kept,
-    weights out), so switching back is a wake; a third model would stop the older parked one."""
-    client.completions.create(model="demo-a", prompt="first", max_tokens=2)
-    client.completions.create(model="demo-b", prompt="second", max_tokens=2)
-    assert states(server)["demo-a"] == "sleeping" and states(server)["demo-b"] == "loaded"
-    assert client.completions.create(model="demo-a", prompt="back", max_tokens=2).model == "demo-a"
-    assert states(server)["demo-b"] == "sleeping" and states(server)["demo-a"] == "loaded"
-
-
 def test_load_and_unload_routes_leave_no_process_behind(server):
     with httpx.Client(base_url=server.url, timeout=120) as http:
         for name, state in states(server).items():       # every model stopped, parked ones included
