@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from tests.e2e.server import ServerProcess, descendants, shm_segments
+from tests.e2e.server import ServerProcess, descendants
 
 KEY_A, KEY_B = "hostile-key-a", "hostile-key-b"
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
@@ -101,10 +101,6 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def ours_in_shm(pids=None) -> set[str]:
-    return shm_segments(pids)
 
 
 def cmdline(pid: int) -> str:

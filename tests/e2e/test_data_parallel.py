@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.block_hash import external_block_hash, prefix_block_hashes
 from engine.core.kv_events import END_SEQ, BlockRemoved, BlockStored, KVEventBatch
-from tests.e2e.server import ServerProcess, children, descendants
-from tests.e2e.test_server import gone, ours_in_shm
+from tests.e2e.server import ServerProcess, children, descendants, shm_segments
+from tests.e2e.test_server import gone
 
 PREFIX = "You are a careful assistant. Answer in one line, cite nothing, and keep it short. " * 2   # 170 bytes
 
@@ -164,7 +164,7 @@ def scheduler_of_rank(server_pid: int, rank: int) -> int:
 
 
 def test_sigkill_of_one_engine_fails_its_requests_fast_and_leaves_nothing_behind():
-    before = ours_in_shm()
+    before = shm_segments()
     with ServerProcess("ringserve-demo", "-dp", "2", "--load-format", "fake") as s:
         victim = scheduler_of_rank(s.proc.pid, 0)
         victim_executors = descendants(victim)
@@ -204,4 +204,4 @@ def test_sigkill_of_one_engine_fails_its_requests_fast_and_leaves_nothing_behind
         engine = descendants(s.proc.pid)
         assert s.terminate(timeout=60) == 0
         assert gone(engine)
-    assert ours_in_shm({s.proc.pid, victim, *victim_executors, *engine}) - before == set()
+    assert shm_segments({s.proc.pid, victim, *victim_executors, *engine}) - before == set()

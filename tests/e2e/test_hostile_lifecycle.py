@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e import hostile
 from tests.e2e.hostile import JSON
-from tests.e2e.server import ServerProcess, descendants
+from tests.e2e.server import ServerProcess, descendants, shm_segments
 
 # Repeats each message `repeat` times (chat_template_kwargs): request data drives a loop in the template.
 LOOPING_TEMPLATE = ("{% for m in messages %}{% for i in range(repeat | default(1)) %}{{ m['content'] }}{% endfor %}"
@@ -52,7 +52,7 @@ def test_template_overflow_and_runaway_output_are_400(templated):
 def test_engine_death_is_logged_once_and_the_stats_line_stops():
     """Issue 26.5: after kill -9 of an executor nothing was logged, and the stats line kept printing
     "Running: 8 reqs" every 5 s."""
-    before = hostile.ours_in_shm()
+    before = shm_segments()
     with ServerProcess("ringserve-demo") as s:
         (executor,) = hostile.processes(s, "engine.executor.main")
         body = {"model": s.model, "prompt": "go", "max_tokens": 2000, "ignore_eos": True, "stream": True}
@@ -76,14 +76,14 @@ def test_engine_death_is_logged_once_and_the_stats_line_stops():
     assert f"pid {executor}" in log[errors[0]] and "SIGKILL" in log[errors[0]], log[errors[0]]
     assert not any("Running:" in line for line in log[errors[0]:]), log[errors[0]:]
     assert hostile.wait_for(lambda: not any(map(hostile.alive, engine)), timeout=10)
-    assert hostile.ours_in_shm({s.proc.pid, executor, *engine}) - before == set()
+    assert shm_segments({s.proc.pid, executor, *engine}) - before == set()
 
 
 def test_sigterm_past_the_timeout_ends_every_stream_with_an_error_event():
     """Issue 26.6: streams still running after --shutdown-timeout were cut at the TCP level (an incomplete
     chunked body) with an asyncio traceback each. Each now gets its API's error event ([DONE] after it for
     OpenAI streams) and the server exits 0 with a clean log."""
-    before = hostile.ours_in_shm()
+    before = shm_segments()
     s = ServerProcess("ringserve-demo", "--shutdown-timeout", "1")
     # Greedy: the Anthropic and Responses APIs have no ignore_eos, and a sampled demo model may say EOS early
     # (from "go" its greedy text runs the full 2,000 tokens).
@@ -129,12 +129,12 @@ def test_sigterm_past_the_timeout_ends_every_stream_with_an_error_event():
     assert b'"type":"error"' in bodies["responses"].rsplit(b"\n\n", 2)[-2]
     assert not any("Traceback" in line for line in s.lines), "".join(s.lines[-40:])
     assert hostile.wait_for(lambda: not any(map(hostile.alive, engine)), timeout=10)
-    assert hostile.ours_in_shm({s.proc.pid, *engine}) - before == set()
+    assert shm_segments({s.proc.pid, *engine}) - before == set()
 
 
 def test_nothing_is_left_after_kill_9_of_the_frontend():
     """Every process (scheduler, executors, grammar compile workers) follows the frontend; /dev/shm is clean."""
-    before = hostile.ours_in_shm()
+    before = shm_segments()
     s = ServerProcess("ringserve-demo")
     try:
         body = {"model": s.model, "prompt": "x", "max_tokens": 4, "structured_outputs": {"regex": "[0-9]+"}}
@@ -146,4 +146,4 @@ def test_nothing_is_left_after_kill_9_of_the_frontend():
     finally:
         s.kill()
     assert hostile.wait_for(lambda: not any(map(hostile.alive, engine)), timeout=15)
-    assert hostile.ours_in_shm({s.proc.pid, *engine}) - before == set()
+    assert shm_segments({s.proc.pid, *engine}) - before == set()

@@ -15,7 +15,7 @@ import pytest
 from engine.models.demo import ensure_demo_model
 from tests.e2e.hostile import wait_for
 from tests.e2e.models_dir import make_models_dir
-from tests.e2e.server import ServerProcess
+from tests.e2e.server import ServerProcess, shm_segments
 
 IDLE_S = 2.0
 RSS_MARGIN = 150 << 20
@@ -24,10 +24,6 @@ RSS_MARGIN = 150 << 20
 def rss(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
-
-
-def shm_entries() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if "ringserve" in name}
 
 
 
@@ -49,7 +45,7 @@ def server(models):
 def test_an_idle_model_is_unloaded_with_nothing_left_behind(server):
     name = "smol" if "smol" in server.model.split(",") else "demo-a"
     time.sleep(1.0)                                   # the server settles after its ready line
-    before_rss, before_shm = rss(server.proc.pid), shm_entries()
+    before_rss, before_shm = rss(server.proc.pid), shm_segments()
     with httpx.Client(base_url=server.url, timeout=120) as http:
         reply = http.post("/v1/chat/completions", json={"model": name, "max_tokens": 4,
                                                         "messages": [{"role": "user", "content": "hi"}]})
@@ -59,7 +55,7 @@ def test_an_idle_model_is_unloaded_with_nothing_left_behind(server):
 
         assert wait_for(lambda: state() == "unloaded", IDLE_S + 30), state()
         assert wait_for(lambda: not server.descendants(), 10), server.descendants()
-    assert shm_entries() - before_shm == set()
+    assert shm_segments() - before_shm == set()
     grown = rss(server.proc.pid) - before_rss
     assert grown < RSS_MARGIN, f"the server's RSS grew by {grown >> 20} MiB over a load and idle unload"
     assert "unloaded (idle)" in "".join(server.lines)
@@ -67,7 +63,7 @@ def test_an_idle_model_is_unloaded_with_nothing_left_behind(server):
 
 @pytest.mark.slow
 def test_two_hundred_load_unload_cycles_leak_nothing(server):
-    before_shm = shm_entries()
+    before_shm = shm_segments()
     with httpx.Client(base_url=server.url, timeout=120) as http:
         http.post("/models/load", json={"model": "fake"})
         http.post("/models/unload", json={"model": "fake"})
@@ -80,7 +76,7 @@ def test_two_hundred_load_unload_cycles_leak_nothing(server):
         assert wait_for(lambda: not server.descendants(), 30), server.descendants()
         loads = next(m for m in http.get("/v1/models").json()["data"] if m["id"] == "fake")
     assert loads["status"]["value"] == "unloaded"
-    assert shm_entries() - before_shm == set()
+    assert shm_segments() - before_shm == set()
     assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= before_fds + 2
     grown = rss(server.proc.pid) - before_rss
     assert grown < 64 << 20, f"the server's RSS grew by {grown >> 20} MiB over 200 cycles"

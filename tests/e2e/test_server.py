@@ -18,10 +18,6 @@ from tests.conftest import shared_path
 from tests.e2e.server import ServerProcess, descendants, shm_segments
 
 
-def ours_in_shm(pids=None) -> set[str]:
-    return shm_segments(pids)
-
-
 def gone(pids, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -197,7 +193,7 @@ def test_disconnect_mid_stream_frees_the_request(server):
 
 # ----------------------------------------------------------------------------- faults and shutdown
 def test_sigkill_of_the_scheduler_ends_streams_with_an_error_and_health_503():
-    before = ours_in_shm()
+    before = shm_segments()
     with ServerProcess("ringserve-demo") as s:
         scheduler = min(descendants(s.proc.pid))                 # our direct child
         body = {"model": s.model, "prompt": "x", "max_tokens": 1500, "stream": True, "ignore_eos": True}
@@ -211,11 +207,11 @@ def test_sigkill_of_the_scheduler_ends_streams_with_an_error_and_health_503():
         assert "error" in json.loads(rest[-2][6:])
         assert httpx.get(s.url + "/health").status_code == 503
         assert gone(engine)
-    assert ours_in_shm({s.proc.pid, *engine}) - before == set()
+    assert shm_segments({s.proc.pid, *engine}) - before == set()
 
 
 def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
-    before = ours_in_shm()
+    before = shm_segments()
     s = ServerProcess("ringserve-demo", "--shutdown-timeout", "30")
     results = []
 
@@ -238,7 +234,7 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_0():
         s.kill()
     assert [r["usage"]["completion_tokens"] for r in results] == [200] * 4
     assert gone(engine)
-    assert ours_in_shm({s.proc.pid, *engine}) - before == set()
+    assert shm_segments({s.proc.pid, *engine}) - before == set()
 
 
 def test_profiling_writes_the_executor_trace_and_request_events(tmp_path):

@@ -24,11 +24,8 @@ from engine.config import ConfigError, EngineConfig
 from engine.outputs import EngineDeadError
 from engine.sampling_params import SamplingParams
 from tests.conftest import REPO
+from tests.e2e.server import shm_segments
 from tests.engine.hf_models import tiny_model_fixture  # noqa: F401
-
-
-def shm_entries() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if "ringserve" in name}
 
 
 def alive(pid: int) -> bool:
@@ -48,9 +45,9 @@ def wait_gone(pids, timeout: float = 5.0) -> list[int]:
 
 @pytest.fixture
 def no_leaks():
-    before = shm_entries()
+    before = shm_segments()
     yield
-    assert shm_entries() - before == set(), "our /dev/shm entries leaked"
+    assert shm_segments() - before == set(), "our /dev/shm entries leaked"
 
 
 def test_concurrent_requests_with_random_aborts(tiny_model, no_leaks):
